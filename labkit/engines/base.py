@@ -1,0 +1,73 @@
+"""The engine interface: write n answers for each prompt, then take new weights.
+
+The trainer sees engines only through this interface, so the transformers engine,
+the in-process vLLM engine and the HTTP client behind a router are interchangeable.
+An engine works on token ids: the trainer owns the tokenizer and the chat template,
+which keeps prompts identical whichever engine writes the answers.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to sample: n answers per prompt, temperature, top-p, a token budget, a seed."""
+
+    n: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 1024
+    seed: Optional[int] = None
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class Completion:
+    """One answer: its token ids, text, why it ended, and the engine's log-prob of each token."""
+
+    prompt_index: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" (an end token) or "length" (hit max_tokens)
+    logprobs: Optional[list[float]] = None  # sampling log-prob of each chosen token
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+
+# Called between generation batches (the heat guard waits there when the GPU is hot).
+BetweenBatches = Optional[Callable[[], None]]
+
+
+class Engine(ABC):
+    """A rollout engine. `generate` returns, for each prompt, its n completions in order."""
+
+    name: str = "engine"
+
+    @abstractmethod
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        sampling: Sampling,
+        between_batches: BetweenBatches = None,
+    ) -> list[list[Completion]]:
+        """Sample `sampling.n` answers for each prompt; outer list follows `prompt_ids`."""
+
+    @abstractmethod
+    def update_weights(self, model) -> None:
+        """Make the engine sample from `model`'s current weights (in place, no restart)."""
+
+    def sleep(self) -> None:
+        """Release what the engine holds on the GPU between rollouts (KV cache), if it can."""
+
+    def wake(self) -> None:
+        """Take back what `sleep` released, before the next rollout."""
+
+    def close(self) -> None:
+        """Free the engine's resources; the engine is unusable afterwards."""

@@ -1,0 +1,197 @@
+"""The run folder: the resolved config, one JSON line per step, samples, heat pauses, status.
+
+A run must lose nothing when it dies: each step's line is appended, flushed and fsynced
+as soon as the step ends, and files that are rewritten (config, status) go through a
+temporary file and a rename, so a reader never sees half a file.
+
+Layout of a run folder::
+
+    config.json      the resolved RunConfig (plus labkit version, derived values)
+    metrics.jsonl    one line per finished step, keys from labkit.metrics (step key rollout/step)
+    samples.jsonl    a few completions per step: prompt id (split/index), label, completion, reward
+    heat.jsonl       one line per heat pause: start, end, seconds, peak_c, step
+    status.json      why the run stopped: completed, time_limit, signal, error (with the last step)
+    checkpoint/      policy, optimizer and RNG state after the last finished step
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+from labkit.metrics import STEP
+
+CONFIG = "config.json"
+METRICS = "metrics.jsonl"
+SAMPLES = "samples.jsonl"
+HEAT = "heat.jsonl"
+STATUS = "status.json"
+CHECKPOINT = "checkpoint"
+
+
+class RunLogError(RuntimeError):
+    """A run folder that cannot be read or continued as asked."""
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write `obj` as JSON to `path` through a temp file and a rename (never half written)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True, default=_jsonable)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    if isinstance(x, Path):
+        return str(x)
+    if isinstance(x, (set, tuple)):
+        return list(x)
+    raise TypeError(f"not JSON serializable: {type(x).__name__}")
+
+
+def read_jsonl(path: Path, *, strict_tail: bool = False) -> tuple[list[dict], int]:
+    """Read a JSONL file; return (rows, bad_lines).
+
+    A truncated last line (a run killed mid-write) is counted as bad, not raised, unless
+    `strict_tail` is set; a bad line in the middle is always counted.
+    """
+    path = Path(path)
+    if not path.exists():
+        return [], 0
+    rows, bad = [], 0
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if strict_tail and i == len(lines) - 1:
+                raise RunLogError(
+                    f"{path}: the last line is truncated (the run died while writing it); "
+                    f"repair with labkit.runlog.RunLog.open(..., repair=True)"
+                )
+            bad += 1
+    return rows, bad
+
+
+class RunLog:
+    """Append-only writer for one run folder."""
+
+    def __init__(self, run_dir: Path):
+        self.dir = Path(run_dir)
+
+    # --- creating and opening -------------------------------------------------------
+    @classmethod
+    def create(cls, run_dir: Path, config: dict) -> "RunLog":
+        """Start a new run folder; refuse one that already holds a run."""
+        run_dir = Path(run_dir)
+        if (run_dir / METRICS).exists() or (run_dir / CONFIG).exists():
+            raise RunLogError(
+                f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, "
+                f"or choose another --output-dir / --run-name"
+            )
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run_dir / CONFIG, config)
+        return cls(run_dir)
+
+    @classmethod
+    def open(cls, run_dir: Path, *, repair: bool = False) -> "RunLog":
+        """Open an existing run folder to append to it (resume).
+
+        A truncated last line in metrics.jsonl is an error unless `repair` is set, in which
+        case that line is moved to `metrics.jsonl.truncated` (kept, not lost) and dropped.
+        """
+        run_dir = Path(run_dir)
+        if not (run_dir / CONFIG).exists():
+            raise RunLogError(f"{run_dir} is not a labkit run folder (no {CONFIG})")
+        log = cls(run_dir)
+        path = run_dir / METRICS
+        if path.exists():
+            text = path.read_text()
+            lines = text.splitlines(keepends=True)
+            if lines:
+                last = lines[-1]
+                try:
+                    json.loads(last)
+                    ok = last.endswith("\n")
+                except json.JSONDecodeError:
+                    ok = False
+                if not ok:
+                    if not repair:
+                        raise RunLogError(
+                            f"{path}: the last line is truncated (the run died while writing it)"
+                        )
+                    with open(run_dir / (METRICS + ".truncated"), "a") as f:
+                        f.write(last.rstrip("\n") + "\n")
+                    write_text_atomic(path, "".join(lines[:-1]))
+        return log
+
+    # --- reading -------------------------------------------------------------------
+    def config(self) -> dict:
+        return json.loads((self.dir / CONFIG).read_text())
+
+    def steps(self) -> list[dict]:
+        rows, _ = read_jsonl(self.dir / METRICS)
+        return rows
+
+    def last_step(self) -> int:
+        """The last finished step, or -1 when none finished."""
+        steps = self.steps()
+        return int(steps[-1][STEP]) if steps else -1
+
+    def status(self) -> dict | None:
+        p = self.dir / STATUS
+        return json.loads(p.read_text()) if p.exists() else None
+
+    # --- writing -------------------------------------------------------------------
+    def append_step(self, metrics: dict) -> None:
+        """Append one step's metrics; the line is on disk when this returns."""
+        if STEP not in metrics:
+            raise ValueError(f"a step line needs the step key {STEP!r}")
+        self._append(METRICS, [metrics])
+
+    def append_samples(self, rows: Iterable[dict]) -> None:
+        self._append(SAMPLES, list(rows))
+
+    def append_heat(self, rows: Iterable[dict]) -> None:
+        self._append(HEAT, list(rows))
+
+    def write_status(self, reason: str, last_step: int, message: str = "", **extra) -> None:
+        write_json_atomic(
+            self.dir / STATUS,
+            {"reason": reason, "last_step": last_step, "message": message, **extra},
+        )
+
+    def _append(self, name: str, rows: list[dict]) -> None:
+        if not rows:
+            return
+        data = "".join(json.dumps(r, default=_jsonable, sort_keys=True) + "\n" for r in rows)
+        with open(self.dir / name, "a") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace a text file's contents through a temp file and a rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
