@@ -163,6 +163,10 @@ class RunConfig:
         """Optimizer steps per rollout: prompts x answers / global batch (checked whole)."""
         return self.samples_per_rollout // self.global_batch_size
 
+    @property
+    def time_limit_seconds(self) -> Optional[float]:
+        return None if self.time_limit is None else parse_duration(self.time_limit)
+
     def check(self) -> "RunConfig":
         """Refuse a config that cannot run, with a message naming the flags and the fix."""
         check_config(self)
@@ -174,7 +178,8 @@ class RunConfig:
     def replace(self, **changes) -> "RunConfig":
         unknown = set(changes) - {f.name for f in fields(self)}
         if unknown:
-            raise ConfigError(_unknown_message(sorted(unknown)[0].replace("_", "-")))
+            valid = ", ".join(f.name for f in fields(self))
+            raise ConfigError(f"unknown field {sorted(unknown)[0]!r}; valid fields: {valid}")
         return dataclasses.replace(self, **changes)
 
     @classmethod
@@ -326,13 +331,16 @@ def build_parser(prog: str = "labkit launch") -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(
-    argv: Sequence[str] = (), env: Optional[dict] = None, *, extra: Optional[dict] = None
-) -> RunConfig:
+def config_from_args(argv: Sequence[str] = (), env: Optional[dict] = None) -> RunConfig:
     """Resolve a RunConfig from flags and miles' environment variables, then check it.
 
     Order, later wins: preset, MILES_NUM_ROLLOUT, argv, MILES_EXTRA_ARGS (shell-split).
     """
+    return resolve_args(argv, env)[0]
+
+
+def resolve_args(argv: Sequence[str] = (), env: Optional[dict] = None) -> tuple[RunConfig, set[str]]:
+    """Like config_from_args, and also the set of fields the user set explicitly."""
     env = os.environ if env is None else env
     args = list(argv)
     if env.get("MILES_NUM_ROLLOUT"):
@@ -341,5 +349,5 @@ def config_from_args(
         args += shlex.split(env["MILES_EXTRA_ARGS"])
     ns = vars(build_parser().parse_args(args))
     preset = ns.pop("preset", None) or "recipe"
-    cfg = RunConfig.preset(preset, **ns, **(extra or {}))
-    return cfg.check()
+    cfg = RunConfig.preset(preset, **ns)
+    return cfg.check(), set(ns)

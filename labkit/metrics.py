@@ -25,7 +25,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "rollout/n_prompts": ("", "prompts in the rollout"),
     "rollout/n_samples_per_prompt": ("", "answers per prompt (the group size)"),
     # perf: where the time went
-    "perf/rollout_time": ("s", "generation of the whole rollout, heat pauses excluded"),
+    "perf/rollout_time": ("s", "generation of the whole rollout, wall clock; a heat pause inside it makes the step not clean"),
     "perf/reward_time": ("s", "scoring the rollout"),
     "perf/actor_train_time": ("s", "old log-probs plus the optimizer steps"),
     "perf/update_weights_time": ("s", "loading the new weights into the engine"),

@@ -135,6 +135,8 @@ class RunLog:
                         raise RunLogError(
                             f"{path}: the last line is truncated (the run died while writing it)"
                         )
+                    print(f"labkit: {path} ended in a truncated line (the run died while "
+                          f"writing it); moved it to {METRICS}.truncated", flush=True)
                     with open(run_dir / (METRICS + ".truncated"), "a") as f:
                         f.write(last.rstrip("\n") + "\n")
                     write_text_atomic(path, "".join(lines[:-1]))
@@ -156,6 +158,21 @@ class RunLog:
     def status(self) -> dict | None:
         p = self.dir / STATUS
         return json.loads(p.read_text()) if p.exists() else None
+
+    def set_aside_steps_after(self, step: int) -> int:
+        """Move step lines after `step` (logged past the last checkpoint) aside; return how many.
+
+        They go to `metrics.jsonl.after-checkpoint`, kept for the record, since the resumed
+        run redoes those steps from the checkpoint.
+        """
+        rows = self.steps()
+        keep = [r for r in rows if int(r[STEP]) <= step]
+        extra = [r for r in rows if int(r[STEP]) > step]
+        if extra:
+            self._append(METRICS + ".after-checkpoint", extra)
+            write_text_atomic(self.dir / METRICS, "".join(
+                json.dumps(r, default=_jsonable, sort_keys=True) + "\n" for r in keep))
+        return len(extra)
 
     # --- writing -------------------------------------------------------------------
     def append_step(self, metrics: dict) -> None:

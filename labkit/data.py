@@ -1,0 +1,291 @@
+"""Problems: GSM8K or made-up word problems, their numeric labels, and the prompt order.
+
+A run needs three things from its data: problems with a label the reward can check, a
+prompt that asks for the answer in the form the reward reads (`#### 42`), and an order
+of prompts that depends only on (seed, step), so a resumed run sees the same prompts as
+an unbroken one. GSM8K comes from the hub through `datasets` (optional), or from a local
+folder of jsonl/parquet for machines with no internet. The synthetic problems are
+labkit's own, GSM8K-shaped, correct by construction and with a difficulty knob (the
+number of steps), so the embedded CPU model has something it can learn in minutes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import warnings
+import zlib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+
+from labkit.reward import parse_number
+
+SYSTEM_PROMPT = (
+    "You solve grade-school math word problems. Reason step by step, then write the final "
+    "answer as a number on the last line, after '#### ', for example:\n#### 42"
+)
+SYNTHETIC_SIZES = {"train": 5000, "test": 500}  # problems when `n` is not given
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt: `id` is source/split/row ("gsm8k/train/123"), `label` a number as text."""
+
+    id: str
+    question: str
+    label: str
+
+
+def build_messages(question: str) -> list[dict]:
+    """Chat messages for one problem: the system prompt (reason, then `#### <answer>`)
+    and the question as the user's turn."""
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+
+
+def extract_label(answer: str) -> Optional[str]:
+    """The label of a GSM8K answer: the text after its last `#### `, commas removed,
+    stripped; None when there is no such line or it is empty."""
+    if not isinstance(answer, str) or "####" not in answer:
+        return None
+    label = answer.rsplit("####", 1)[1].strip().replace(",", "")
+    return label or None
+
+
+# ------------------------------------------------------------------ loading
+def load_problems(
+    spec: str, split: str = "train", *, seed: int = 0, synthetic_steps: int = 2,
+    n: Optional[int] = None,
+) -> list[Problem]:
+    """Problems of `split` from `spec`: "gsm8k" (openai/gsm8k on the hub), "synthetic"
+    (labkit's generator; `seed`, `synthetic_steps`), a folder with train/test jsonl or
+    parquet files, or one .jsonl/.parquet file. Returns the first `n` (all if None)."""
+    if spec == "synthetic":
+        size = n if n is not None else SYNTHETIC_SIZES.get(split, 500)
+        return synthetic_problems(size, synthetic_steps, seed, split)
+    if spec == "gsm8k":
+        rows, source, where = _hub_rows(split), "gsm8k", "openai/gsm8k"
+    else:
+        path = Path(spec).expanduser()
+        files = _local_files(path, split)
+        source = path.resolve().name if path.is_dir() else path.stem
+        rows, where = _read_rows(files), str(path)
+    problems = _problems_from_rows(rows, source, split, where)
+    return problems[:n] if n is not None else problems
+
+
+def split_eval(spec: str, n: int, *, synthetic_steps: int = 2) -> list[Problem]:
+    """The held-out problems for evaluation: the first `n` of the test split, the same
+    for every run and seed (synthetic test problems use seed 0), so runs compare fairly."""
+    path = Path(spec).expanduser()
+    if spec not in ("gsm8k", "synthetic") and path.is_file():
+        raise ValueError(f"--data {spec!r} is one file, so it has no held-out test split; "
+                         f"pass a folder with train.jsonl and test.jsonl")
+    return load_problems(spec, "test", seed=0, synthetic_steps=synthetic_steps, n=n)
+
+
+def _hub_rows(split: str) -> Iterable[dict]:
+    """Rows of openai/gsm8k (config main) through `datasets`, with errors that name the fix."""
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError(
+            "--data gsm8k loads openai/gsm8k through the `datasets` package, which is not "
+            "installed: pip install 'labkit[hub]', or pass a local folder with train.jsonl "
+            "and test.jsonl (--data path/to/gsm8k)"
+        ) from None
+    try:
+        return datasets.load_dataset("openai/gsm8k", "main", split=split)
+    except Exception as e:
+        raise RuntimeError(
+            f"could not load openai/gsm8k split {split!r} from the hub ({type(e).__name__}: {e}); "
+            f"with no internet, pass a local folder with train.jsonl and test.jsonl"
+        ) from e
+
+
+def _local_files(path: Path, split: str) -> list[Path]:
+    """The files that hold `split`: folder/{split}.jsonl, else folder/{split}*.parquet
+    (also under folder/main/, the hub's layout), or the file itself."""
+    if path.is_file():
+        if path.suffix not in (".jsonl", ".parquet"):
+            raise ValueError(f"--data {str(path)!r}: use a .jsonl or .parquet file")
+        return [path]
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"--data {str(path)!r}: no such file or folder; use gsm8k, synthetic, a folder "
+            f"with train.jsonl/test.jsonl (or train*.parquet/test*.parquet), or one such file"
+        )
+    for folder in (path, path / "main"):
+        if (folder / f"{split}.jsonl").is_file():
+            return [folder / f"{split}.jsonl"]
+        if shards := sorted(folder.glob(f"{split}*.parquet")):
+            return shards
+    raise FileNotFoundError(
+        f"--data {str(path)!r}: found no {split}.jsonl or {split}*.parquet in the folder"
+    )
+
+
+def _read_rows(files: list[Path]) -> Iterable:
+    """Rows of jsonl or parquet files in order; a jsonl line that is not JSON yields None."""
+    for file in files:
+        if file.suffix == ".parquet":
+            import pandas as pd
+
+            frame = pd.read_parquet(file)
+            missing = {"question", "answer"} - set(frame.columns)
+            if missing:
+                raise ValueError(f"{file}: no column {', '.join(sorted(missing))}; "
+                                 f"found {', '.join(map(str, frame.columns))}")
+            yield from frame[["question", "answer"]].to_dict("records")
+            continue
+        with open(file, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    try:
+                        yield json.loads(line)
+                    except json.JSONDecodeError:
+                        yield None
+
+
+def _problems_from_rows(rows: Iterable, source: str, split: str, where: str) -> list[Problem]:
+    """Problems from question/answer rows; the id keeps the row's index in the source.
+    Malformed rows are counted and skipped with one warning."""
+    problems, skipped, total = [], Counter(), 0
+    for i, row in enumerate(rows):
+        total += 1
+        reason = _row_problem(row)
+        if reason:
+            skipped[reason] += 1
+            continue
+        label = extract_label(row["answer"])
+        problems.append(Problem(f"{source}/{split}/{i}", row["question"].strip(), label))
+    if skipped:
+        why = ", ".join(f"{count} {reason}" for reason, count in skipped.most_common())
+        warnings.warn(f"{where} ({split}): skipped {sum(skipped.values())} of {total} rows ({why})",
+                      stacklevel=3)
+    if not problems:
+        raise ValueError(f"{where} ({split}): no usable rows of {total}; each row needs a "
+                         f"question and an answer whose last line is '#### <number>'")
+    return problems
+
+
+def _row_problem(row) -> Optional[str]:
+    """Why a row cannot be a problem (None when it can)."""
+    if not isinstance(row, dict):
+        return "not a JSON object"
+    question, answer = row.get("question"), row.get("answer")
+    if not isinstance(question, str) or not question.strip():
+        return "no question"
+    label = extract_label(answer)
+    if label is None:
+        return "no '#### ' answer line"
+    if parse_number(label) is None:
+        return "label not a number"
+    return None
+
+
+# ------------------------------------------------------------------ prompt order
+@functools.lru_cache(maxsize=8)
+def _epoch_order(n: int, seed: int, epoch: int) -> tuple[int, ...]:
+    order = list(range(n))
+    random.Random(f"labkit-order/{seed}/{epoch}").shuffle(order)
+    return tuple(order)
+
+
+def rollout_problems(problems: list[Problem], step: int, batch_size: int, seed: int) -> list[Problem]:
+    """The `batch_size` problems of rollout `step`: batches taken in order from a seeded
+    permutation per epoch, wrapping into the next epoch's permutation. Depends only on
+    (problems, step, batch_size, seed), so a resumed run gets the same prompts."""
+    if not problems:
+        raise ValueError("rollout_problems: no problems to draw from")
+    if batch_size < 1 or step < 0:
+        raise ValueError(f"rollout_problems: need batch_size >= 1 and step >= 0, "
+                         f"got {batch_size} and {step}")
+    n = len(problems)
+    start = step * batch_size
+    return [problems[_epoch_order(n, seed, g // n)[g % n]] for g in range(start, start + batch_size)]
+
+
+# ------------------------------------------------------------------ synthetic problems
+NAMES = ["Maya", "Liam", "Aisha", "Tom", "Sofia", "Kenji", "Olga", "Diego", "Priya", "Noah",
+         "Fatima", "Lucas", "Mei", "Omar", "Hannah", "Ravi", "Zoe", "Ivan", "Amara", "Ben"]
+PRONOUNS = {n: ("She" if n in {"Maya", "Aisha", "Sofia", "Olga", "Priya", "Fatima", "Mei",
+                               "Hannah", "Zoe", "Amara"} else "He") for n in NAMES}
+ITEMS = ["apples", "stickers", "marbles", "pencils", "books", "cookies", "stamps", "shells",
+         "cards", "coins", "balloons", "buttons", "crayons", "eggs", "beads", "toy cars"]
+MAX_VALUE = 1000  # no intermediate amount grows past this
+
+# One sentence per operation. Each template names its operation with a fixed phrase
+# ("more", "gives away"/"loses"/"sells", "times as many", "equal"), so a reader (and the
+# tests) can recompute the answer from the text alone.
+TEMPLATES = {
+    "add": ["{P} buys {k} more {item}.", "{P} finds {k} more {item}.",
+            "{friend} hands {o} {k} more {item}."],
+    "sub": ["{P} gives away {k} {item} to {friend}.", "{P} loses {k} {item}.",
+            "{P} sells {k} {item}."],
+    "mul": ["Then {p} ends up with {k} times as many {item} as before."],
+    "div": ["{P} splits the {item} into {k} equal groups and keeps one group."],
+}
+
+
+def synthetic_problems(n: int, steps: int, seed: int, split: str = "train") -> list[Problem]:
+    """`n` seeded word problems of `steps` operations each (+, -, x, / with whole results).
+    Same (n, steps, seed, split), same problems. A problem's split is fixed by a hash of
+    its text (1 in 10 is test), so train and test never share a problem whatever `n`."""
+    if steps < 1 or n < 0:
+        raise ValueError(f"synthetic problems need steps >= 1 and n >= 0, got {steps}, {n}")
+    rng = random.Random(f"labkit-synthetic/{split}/{seed}/{steps}")
+    seen: set[str] = set()
+    problems: list[Problem] = []
+    for _ in range(50 * n + 1000):
+        if len(problems) == n:
+            break
+        question, answer = _write_problem(rng, steps)
+        if question in seen or (zlib.crc32(question.encode()) % 10 == 0) != (split == "test"):
+            continue
+        seen.add(question)
+        problems.append(Problem(f"synthetic/{split}/{len(problems)}", question, str(answer)))
+    if len(problems) < n:
+        raise ValueError(f"could not write {n} distinct synthetic problems with {steps} steps; "
+                         f"ask for fewer or use more steps")
+    return problems
+
+
+def _write_problem(rng: random.Random, steps: int) -> tuple[str, int]:
+    """One problem's text and answer: a start amount, then `steps` operations."""
+    name, friend = rng.sample(NAMES, 2)
+    item = rng.choice(ITEMS)
+    value = rng.randint(5, 60)
+    sentences = [f"{name} has {value} {item}."]
+    for _ in range(steps):
+        op, k = _pick_operation(rng, value)
+        value = {"add": value + k, "sub": value - k, "mul": value * k, "div": value // k}[op]
+        pronoun = PRONOUNS[name]
+        sentences.append(rng.choice(TEMPLATES[op]).format(
+            P=pronoun, p=pronoun.lower(), o="her" if pronoun == "She" else "him",
+            k=k, item=item, friend=friend))
+    sentences.append(f"How many {item} does {name} have now?")
+    return " ".join(sentences), value
+
+
+def _pick_operation(rng: random.Random, value: int) -> tuple[str, int]:
+    """An operation valid for `value` and its number k >= 2 (plural nouns read right);
+    results stay whole, >= 1 and <= MAX_VALUE."""
+    choices = ["add"] if value + 2 <= MAX_VALUE else []
+    if value >= 3:
+        choices.append("sub")
+    if value * 2 <= MAX_VALUE:
+        choices.append("mul")
+    divisors = [d for d in range(2, 11) if value % d == 0]
+    if divisors:
+        choices.append("div")
+    op = rng.choice(choices)
+    if op == "add":
+        return op, rng.randint(2, min(40, MAX_VALUE - value))
+    if op == "sub":
+        return op, rng.randint(2, min(value - 1, 40))
+    if op == "mul":
+        return op, rng.randint(2, min(5, MAX_VALUE // value))
+    return op, rng.choice(divisors)

@@ -1,0 +1,131 @@
+"""The transformers engine: batched `generate` on the policy module itself.
+
+It is the fallback when vLLM is not there (a CPU laptop, a CI machine). It shares the
+trainer's module, so "loading new weights" costs nothing: the next rollout samples from
+the weights the optimizer just wrote. Temperature and top-p are applied by our own logits
+processor, which also records the log-prob of each sampled token under the distribution it
+was sampled from; the trainer compares those with its own log-probs
+(`train/train_rollout_logprob_abs_diff`), as it does for vLLM.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from labkit.engines.base import BetweenBatches, Completion, Engine, Sampling
+
+
+class _SamplingRecorder:
+    """Logits processor: temperature and top-p, and the log-prob of each chosen token.
+
+    generate() calls it once per new token with the ids so far; the token chosen at the
+    previous call is the last of those ids, so its log-prob is read one call late (and the
+    final one after generation ends).
+    """
+
+    def __init__(self, temperature: float, top_p: float):
+        self.temperature, self.top_p = temperature, top_p
+        self.last_logp: torch.Tensor | None = None
+        self.chosen: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.collect(input_ids[:, -1])
+        scores = scores.float() / self.temperature
+        if self.top_p < 1.0:
+            sorted_scores, idx = scores.sort(dim=-1, descending=True)
+            cum = sorted_scores.softmax(-1).cumsum(-1)
+            drop = cum - sorted_scores.softmax(-1) > self.top_p  # keep the token that crosses p
+            scores = scores.scatter(-1, idx, sorted_scores.masked_fill(drop, float("-inf")))
+        self.last_logp = torch.log_softmax(scores, dim=-1)
+        return scores
+
+    def collect(self, chosen: torch.Tensor) -> None:
+        if self.last_logp is not None:
+            self.chosen.append(self.last_logp.gather(-1, chosen.unsqueeze(-1)).squeeze(-1))
+            self.last_logp = None
+
+
+class HFEngine(Engine):
+    """Rollouts with `model.generate`, `max_batch` sequences per call (all when None)."""
+
+    name = "hf"
+
+    def __init__(self, model, tokenizer, *, max_batch: int | None = None):
+        self.model, self.tokenizer, self.max_batch = model, tokenizer, max_batch
+
+    @torch.no_grad()
+    def generate(
+        self, prompt_ids: list[list[int]], sampling: Sampling, between_batches: BetweenBatches = None
+    ) -> list[list[Completion]]:
+        jobs = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(sampling.n)]
+        size = self.max_batch or len(jobs)
+        out: list[list[Completion]] = [[] for _ in prompt_ids]
+        for b, start in enumerate(range(0, len(jobs), size)):
+            if b and between_batches is not None:
+                between_batches()
+            chunk = jobs[start : start + size]
+            seed = None if sampling.seed is None else sampling.seed + b
+            for (i, _), c in zip(chunk, self._generate_chunk([ids for _, ids in chunk], sampling, seed)):
+                c.prompt_index = i
+                out[i].append(c)
+        return out
+
+    def _generate_chunk(self, prompts: list[list[int]], s: Sampling, seed: int | None) -> list[Completion]:
+        model, tok = self.model, self.tokenizer
+        device = next(model.parameters()).device
+        pad = tok.pad_token_id
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for r, p in enumerate(prompts):  # left padding: every answer starts at column `width`
+            ids[r, width - len(p) :] = torch.tensor(p)
+            attn[r, width - len(p) :] = 1
+        greedy = s.temperature == 0
+        recorder = None if greedy else _SamplingRecorder(s.temperature, s.top_p)
+        if seed is not None:
+            torch.manual_seed(seed)
+        was_training = model.training
+        model.eval()
+        try:
+            seqs = model.generate(
+                input_ids=ids.to(device), attention_mask=attn.to(device),
+                generation_config=self._generation_config(s, greedy),
+                logits_processor=[recorder] if recorder else None,
+            )
+        finally:
+            model.train(was_training)
+        new = seqs[:, width:].cpu()
+        logps = None
+        if recorder is not None:
+            recorder.collect(seqs[:, -1])
+            logps = torch.stack(recorder.chosen, dim=1).cpu() if recorder.chosen else None
+        return [self._completion(row, None if logps is None else logps[r], s) for r, row in enumerate(new)]
+
+    def _generation_config(self, s: Sampling, greedy: bool):
+        # A fresh config: the model's own (e.g. Qwen's repetition_penalty 1.05, top_k 20)
+        # would change the distribution we sample from and record.
+        from transformers import GenerationConfig
+
+        return GenerationConfig(
+            do_sample=not greedy, temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0,
+            max_new_tokens=s.max_tokens, eos_token_id=list(s.stop_token_ids) or None,
+            pad_token_id=self.tokenizer.pad_token_id, use_cache=True,
+        )
+
+    def _completion(self, row: torch.Tensor, logp: torch.Tensor | None, s: Sampling) -> Completion:
+        tokens = row.tolist()
+        end, reason = len(tokens), "length"
+        for j, t in enumerate(tokens):
+            if t in s.stop_token_ids:
+                end, reason = j + 1, "stop"  # the stop token is part of the answer: it is learned
+                break
+        tokens = tokens[:end]
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        return Completion(
+            prompt_index=-1, token_ids=tokens, text=text, finish_reason=reason,
+            logprobs=None if logp is None else logp[:end].tolist(),
+        )
+
+    def update_weights(self, model) -> None:
+        if model is not self.model:  # an engine built on another copy of the policy
+            self.model.load_state_dict(model.state_dict())

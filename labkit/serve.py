@@ -1,0 +1,475 @@
+"""Engines behind a router: start K engine servers and a router on loopback, stop them all.
+
+The course's 16-answer run sampled through a router in front of several engines, and
+its 503 bursts came from that router. `labkit serve` rebuilds the setup on one machine:
+K OpenAI-compatible engine servers (vLLM's, or a tiny fake for tests), and vllm-router
+(a Rust load balancer from PyPI) in front of them, all on 127.0.0.1.
+
+Every process starts in its own process group (a new session), so stopping one stops
+the workers it spawned (vLLM's engine core) too; `stop` sends SIGTERM to each group,
+waits, then SIGKILL, and checks by process group that nothing is left. Ports are checked
+before anything starts, and each engine must answer /health before the router starts.
+Children also get SIGTERM if the launching process dies (Linux PR_SET_PDEATHSIG).
+
+    labkit serve --engines 2 --port 8000              # vLLM engines, Ctrl-C stops all
+    labkit serve --backend fake --engines 2 --duration 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+
+# By default vllm-router forwards every request (up to 32,768 at once) and the engines queue
+# them: an overload shows as slow answers, never as 503. It answers 503 "No available
+# workers (all circuits open or unhealthy)" when no engine may take a request. These
+# settings make that happen under overload: a request the engine has not answered in
+# 60 s fails (HTTP 500 to the client) and counts against that engine's circuit breaker;
+# 8 failures open the circuit for 15 s, and while every circuit is open the router sheds
+# load with 503s. Router-side retries are off, so every retry is the client's, and logged.
+# (Its other limit, --max-concurrent-requests with --queue-size, sheds with 429 instead.)
+SHED_LOAD_ROUTER_ARGS = (
+    "--request-timeout-secs", "60", "--cb-failure-threshold", "8",
+    "--cb-timeout-duration-secs", "15", "--disable-retries",
+)
+
+
+class ServeError(RuntimeError):
+    """An engine or the router could not start; the message names the log to read."""
+
+
+class PortInUse(ServeError):
+    """A port that `labkit serve` needs is taken."""
+
+
+@dataclass
+class ServeConfig:
+    """What to start: K engines on port+1..port+K, the router on port, its metrics on port+K+1."""
+
+    engines: int = 2
+    backend: str = "vllm"  # vllm | fake
+    model: str = "smollm2"  # anything labkit.models.resolve_model reads
+    served_model_name: str = "smollm2"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    router: str = "vllm-router"  # vllm-router | none
+    router_args: tuple[str, ...] = ()
+    engine_args: tuple[str, ...] = ()
+    max_num_seqs: int = 16
+    max_model_len: int = 1024
+    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE per engine
+    fake_delay_s: float = 0.05  # fake engine: seconds per request
+    fake_slots: int = 8  # fake engine: requests generated at once (the rest wait)
+    log_dir: str = "out/serve"
+    startup_timeout_s: float = 900.0
+    vllm_python: Optional[str] = None
+    env: dict = field(default_factory=dict)
+
+    def ports(self) -> list[int]:
+        """Every port this config binds: router, engines, router metrics."""
+        extra = [self.port + self.engines + 1] if self.router != "none" else []
+        return [self.port] + [self.port + 1 + i for i in range(self.engines)] + extra
+
+
+# ---------------------------------------------------------------------- ports
+def port_is_free(host: str, port: int) -> bool:
+    """True when `port` on `host` can be bound now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def check_ports_free(host: str, ports: Sequence[int]) -> None:
+    """Raise PortInUse naming the first taken port and how to choose others."""
+    for p in ports:
+        if not port_is_free(host, p):
+            raise PortInUse(
+                f"port {p} on {host} is in use (labkit serve needs {ports[0]}..{ports[-1]}); "
+                f"stop what holds it (`ss -ltnp | grep {p}`) or pass another --port"
+            )
+
+
+def find_free_base_port(n: int, host: str = "127.0.0.1", start: int = 20000, tries: int = 200) -> int:
+    """A base port p such that p..p+n-1 are all free now (for tests and scripts)."""
+    import random
+
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(tries):
+        p = rng.randrange(start, 60000 - n)
+        if all(port_is_free(host, p + i) for i in range(n)):
+            return p
+    raise PortInUse(f"found no {n} free consecutive ports on {host} in {tries} tries")
+
+
+# ---------------------------------------------------------------------- processes
+def _die_with_parent() -> None:  # runs in the child before exec
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) process ids whose process group is `pgid` (Linux /proc)."""
+    alive = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(d.name))
+    return alive
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+    url: str
+
+    @property
+    def pgid(self) -> int:
+        return self.popen.pid  # start_new_session: the child leads its own group
+
+    def tail(self, n: int = 15) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+
+class Cluster:
+    """K engines and a router; use as a context manager, or call start() and stop()."""
+
+    def __init__(self, cfg: ServeConfig):
+        self.cfg, self.procs = cfg, []
+        self.log_dir = Path(cfg.log_dir)
+
+    @property
+    def url(self) -> str:
+        """The router's URL (the first engine's when router is 'none')."""
+        c = self.cfg
+        return f"http://{c.host}:{c.port if c.router != 'none' else c.port + 1}"
+
+    def __enter__(self) -> "Cluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> "Cluster":
+        """Check ports, start the engines, wait for their health, then the router."""
+        c = self.cfg
+        if c.engines < 1:
+            raise ServeError(f"--engines must be >= 1, got {c.engines}")
+        check_ports_free(c.host, c.ports())
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        atexit.register(self.stop)
+        try:
+            for i in range(c.engines):
+                port = c.port + 1 + i
+                self._spawn(f"engine{i}", engine_command(c, port), f"http://{c.host}:{port}",
+                            engine_env(c, i))
+            for p in list(self.procs):
+                wait_healthy(p, c.startup_timeout_s)
+            if c.router != "none":
+                router = self._spawn("router", router_command(c, [p.url for p in self.procs]),
+                                     f"http://{c.host}:{c.port}", {})
+                wait_healthy(router, 120.0)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, name: str, cmd: list[str], url: str, env: dict) -> Proc:
+        log = self.log_dir / f"{name}.log"
+        with open(log, "w") as f:
+            f.write("$ " + " ".join(cmd) + "\n")
+            f.flush()
+            popen = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, env={**os.environ, **env},
+                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        proc = Proc(name, popen, log, url)
+        self.procs.append(proc)
+        return proc
+
+    def pids(self) -> dict[str, int]:
+        return {p.name: p.popen.pid for p in self.procs}
+
+    def dead(self) -> list[Proc]:
+        """Processes that exited while they should be serving."""
+        return [p for p in self.procs if p.popen.poll() is not None]
+
+    def stop(self, grace_s: float = 20.0) -> list[int]:
+        """SIGTERM every group (router first), SIGKILL what is left; return pids still alive."""
+        groups = [p.pgid for p in reversed(self.procs)]
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            live = [g for g in groups if group_members(g)]
+            for g in live:
+                try:
+                    os.killpg(g, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and any(group_members(g) for g in live):
+                for p in self.procs:
+                    p.popen.poll()  # reap the group leaders
+                time.sleep(0.1)
+        for p in self.procs:
+            try:
+                p.popen.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+        left = [pid for g in groups for pid in group_members(g)]
+        self.procs = [p for p in self.procs if group_members(p.pgid)]
+        atexit.unregister(self.stop)
+        return left
+
+
+def wait_healthy(proc: Proc, timeout_s: float) -> None:
+    """Poll proc's /health until 200; raise ServeError (with its log's tail) if it dies or times out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            raise ServeError(f"{proc.name} exited with code {proc.popen.returncode} before it was "
+                             f"healthy; its log {proc.log} ends with:\n{proc.tail()}")
+        try:
+            with urllib.request.urlopen(proc.url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise ServeError(f"{proc.name} did not answer {proc.url}/health within {timeout_s:.0f} s; "
+                     f"see {proc.log}:\n{proc.tail()}")
+
+
+# ---------------------------------------------------------------------- commands
+def vllm_python(cfg: ServeConfig) -> str:
+    """A Python that can import vllm: --vllm-python, LABKIT_VLLM_PYTHON, this one, .venv-vllm."""
+    for candidate in (cfg.vllm_python, os.environ.get("LABKIT_VLLM_PYTHON")):
+        if candidate:
+            return candidate
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    local = REPO / ".venv-vllm" / "bin" / "python"
+    if local.exists():
+        return str(local)
+    raise ServeError("vLLM is not importable here and no .venv-vllm was found; pass --vllm-python "
+                     "PATH (a Python with vllm or vllm-cpu), or --backend fake to test without it")
+
+
+def engine_command(cfg: ServeConfig, port: int) -> list[str]:
+    """The command line of one engine server on `port`."""
+    if cfg.backend == "fake":
+        return [sys.executable, "-m", "labkit.serve", "engine", "--host", cfg.host, "--port", str(port),
+                "--delay-s", str(cfg.fake_delay_s), "--slots", str(cfg.fake_slots),
+                "--served-model-name", cfg.served_model_name, *cfg.engine_args]
+    if cfg.backend != "vllm":
+        raise ServeError(f"--backend {cfg.backend!r} is not valid; valid: vllm, fake")
+    from labkit.models import resolve_model
+
+    return [vllm_python(cfg), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", resolve_model(cfg.model), "--served-model-name", cfg.served_model_name,
+            "--host", cfg.host, "--port", str(port), "--max-model-len", str(cfg.max_model_len),
+            "--max-num-seqs", str(cfg.max_num_seqs), *cfg.engine_args]
+
+
+def engine_env(cfg: ServeConfig, index: int) -> dict:
+    """Environment of engine `index`: on CPU, its KV cache size and its own core (cfg.env wins)."""
+    env = {}
+    if cfg.backend == "vllm":
+        env = {"VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gib),
+               # vLLM binds its OpenMP threads to core 0 by default: K engines would share it.
+               "VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
+    return {**env, **cfg.env}
+
+
+def router_binary(name: str) -> str:
+    """The router executable: on PATH, or beside this Python (a venv's bin)."""
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if not found:
+        raise ServeError(f"{name} not found; pip install {name} (a Rust load balancer on PyPI), "
+                         f"or pass --router none to use one engine directly")
+    return found
+
+
+def router_command(cfg: ServeConfig, worker_urls: list[str]) -> list[str]:
+    """vllm-router on cfg.port in front of `worker_urls`, metrics on port+K+1."""
+    if cfg.router != "vllm-router":
+        raise ServeError(f"--router {cfg.router!r} is not valid; valid: vllm-router, none")
+    return [router_binary(cfg.router), "--host", cfg.host, "--port", str(cfg.port),
+            "--worker-urls", *worker_urls, "--policy", "round_robin",
+            "--prometheus-host", cfg.host, "--prometheus-port", str(cfg.port + cfg.engines + 1),
+            *cfg.router_args]
+
+
+# ---------------------------------------------------------------------- the fake engine
+def fake_answer(body: dict, model: str) -> dict:
+    """A vLLM-shaped /v1/completions answer with made-up tokens, seeded by prompt and seed."""
+    import random
+
+    prompt = body.get("prompt") or [0]
+    n_tok = int(body.get("max_tokens") or 16)
+    seed = hash((tuple(prompt) if isinstance(prompt, list) else prompt, body.get("seed")))
+    rng = random.Random(seed)
+    ids = [rng.randrange(1, 1000) for _ in range(n_tok)]
+    return {"id": "cmpl-fake", "object": "text_completion", "model": model, "choices": [{
+        "index": 0, "text": " ".join(f"t{i}" for i in ids), "finish_reason": "length",
+        "token_ids": ids, "logprobs": {"tokens": [f"token_id:{i}" for i in ids],
+                                       "token_logprobs": [-6.9] * n_tok}}]}
+
+
+def engine_main(argv: Optional[Sequence[str]] = None) -> int:
+    """A fake OpenAI-compatible engine: `slots` requests at a time, `delay_s` each (tests)."""
+    import asyncio
+
+    from aiohttp import web
+
+    p = argparse.ArgumentParser(prog="python -m labkit.serve engine")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--delay-s", type=float, default=0.05)
+    p.add_argument("--slots", type=int, default=8)
+    p.add_argument("--served-model-name", default="fake")
+    a = p.parse_args(argv)
+
+    async def completions(request):
+        body = await request.json()
+        async with request.app["slots"]:
+            await asyncio.sleep(a.delay_s)
+        return web.json_response(fake_answer(body, a.served_model_name))
+
+    async def health(_):
+        return web.Response(text="ok")
+
+    async def models(_):
+        return web.json_response({"object": "list", "data": [{"id": a.served_model_name, "object": "model"}]})
+
+    async def on_startup(app):
+        app["slots"] = asyncio.Semaphore(a.slots)
+
+    app = web.Application()
+    app.on_startup.append(on_startup)
+    app.add_routes([web.post("/v1/completions", completions), web.get("/health", health),
+                    web.get("/v1/models", models)])
+    web.run_app(app, host=a.host, port=a.port, print=None, handle_signals=True)
+    return 0
+
+
+# ---------------------------------------------------------------------- labkit serve
+def build_parser() -> argparse.ArgumentParser:
+    d = ServeConfig()
+    p = argparse.ArgumentParser(prog="labkit serve", description=__doc__.split("\n")[0])
+    p.add_argument("--engines", type=int, default=d.engines, help="engine servers behind the router")
+    p.add_argument("--backend", choices=["vllm", "fake"], default=d.backend,
+                   help="vllm (OpenAI-compatible vLLM server) or fake (made-up tokens, for tests)")
+    p.add_argument("--model", default=d.model, help="hub id, folder, .gguf, or smollm2 (embedded)")
+    p.add_argument("--served-model-name", default=d.served_model_name)
+    p.add_argument("--port", type=int, default=d.port,
+                   help="router port; engines use port+1..port+K, router metrics port+K+1")
+    p.add_argument("--router", choices=["vllm-router", "none"], default=d.router)
+    p.add_argument("--shed-load", action="store_true",
+                   help="answers slower than 60 s fail and open the engine's circuit for 15 s, "
+                        "so an overloaded router answers 503 (see SHED_LOAD_ROUTER_ARGS)")
+    p.add_argument("--router-args", default="", help="extra router flags, one shell-quoted string")
+    p.add_argument("--engine-args", default="", help="extra engine flags, one shell-quoted string")
+    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="vLLM: sequences per batch")
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len, help="vLLM: context length")
+    p.add_argument("--kv-cache-gib", type=int, default=d.kv_cache_gib, help="vLLM CPU: KV cache GiB per engine")
+    p.add_argument("--fake-delay-s", type=float, default=d.fake_delay_s)
+    p.add_argument("--fake-slots", type=int, default=d.fake_slots)
+    p.add_argument("--vllm-python", default=None, help="a Python that imports vllm (default: found)")
+    p.add_argument("--log-dir", default=d.log_dir, help="engine and router logs, and serve.json")
+    p.add_argument("--startup-timeout-s", type=float, default=d.startup_timeout_s)
+    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: Ctrl-C)")
+    return p
+
+
+def config_from_args(argv: Optional[Sequence[str]]) -> tuple[ServeConfig, Optional[float]]:
+    import shlex
+
+    a = build_parser().parse_args(argv)
+    router_args = tuple(shlex.split(a.router_args))
+    if a.shed_load:
+        router_args = SHED_LOAD_ROUTER_ARGS + router_args
+    cfg = ServeConfig(engines=a.engines, backend=a.backend, model=a.model,
+                      served_model_name=a.served_model_name, port=a.port, router=a.router,
+                      router_args=router_args, engine_args=tuple(shlex.split(a.engine_args)),
+                      max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
+                      kv_cache_gib=a.kv_cache_gib, fake_delay_s=a.fake_delay_s,
+                      fake_slots=a.fake_slots, log_dir=a.log_dir,
+                      startup_timeout_s=a.startup_timeout_s, vllm_python=a.vllm_python)
+    return cfg, a.duration
+
+
+def serve_main(argv: Optional[Sequence[str]] = None) -> int:
+    """`labkit serve`: start engines and router, print the URL, stop all on Ctrl-C or --duration."""
+    cfg, duration = config_from_args(argv)
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    cluster, code = Cluster(cfg), 0
+    try:
+        cluster.start()
+        state = {"url": cluster.url, "pids": cluster.pids(), "config": asdict(cfg)}
+        (cluster.log_dir / "serve.json").write_text(json.dumps(state, indent=2))
+        print(f"labkit serve: router {cluster.url} in front of {cfg.engines} {cfg.backend} engines "
+              f"(logs in {cluster.log_dir}); Ctrl-C stops all", flush=True)
+        end = time.monotonic() + duration if duration else float("inf")
+        for _ in range(10 ** 9):  # bounded by --duration or Ctrl-C
+            if time.monotonic() >= end:
+                break
+            dead = cluster.dead()
+            if dead:
+                print(f"labkit serve: {dead[0].name} exited (code {dead[0].popen.returncode}); "
+                      f"stopping all. Its log ends with:\n{dead[0].tail()}", file=sys.stderr)
+                code = 1
+                break
+            time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+    except KeyboardInterrupt:
+        print("labkit serve: stopping ...", flush=True)
+    except ServeError as e:
+        print(f"labkit serve: {e}", file=sys.stderr)
+        code = 2
+    finally:
+        left = cluster.stop()
+        signal.signal(signal.SIGTERM, old)
+        if left:
+            print(f"labkit serve: processes still alive after SIGKILL: {left}", file=sys.stderr)
+            code = code or 1
+        else:
+            print("labkit serve: all engine and router processes stopped", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    sys.exit(engine_main(args[1:]) if args[:1] == ["engine"] else serve_main(args))

@@ -1,0 +1,159 @@
+"""Stop a run between steps (time limit, SIGTERM, SIGINT), so its log is always complete.
+
+Why: a run queue kills a container at its time limit, and a notebook's interrupt button sends
+SIGINT. Either one landing mid-step loses the step, and in the course's 16-answer run the queue's
+limit hit while the container shut down. So the loop asks `should_stop()` after each step:
+
+- the first SIGTERM or SIGINT only sets a flag; the step in progress finishes and is logged;
+- a second one raises KeyboardInterrupt at once (the trainer then writes what it can atomically);
+- with a time limit, the run does not start a step that would end past it.
+
+The estimate of the next step is the *longest* of the last `window` steps (default 5), not the
+mean: step times jump (heat pauses, eval steps, long answers), overshooting the limit costs the
+step and maybe the checkpoint, while stopping one step early costs one step. `reserve_s` keeps
+time for the shutdown (the final checkpoint). Reasons read "<kind>: <detail>", kind being
+signal, time_limit, or what `request_stop` was given (status.json takes the kind).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from typing import Callable
+
+SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), signal.SIGINT) if s is not None)
+
+
+def print_notice(message: str) -> None:
+    """The default notice: one line on stderr; safe inside a signal handler."""
+    line = f"labkit: {message}\n"
+    try:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+    except (RuntimeError, OSError, ValueError):  # re-entrant write from a handler, closed stream
+        try:
+            os.write(2, line.encode())
+        except OSError:
+            pass
+
+
+class StopController:
+    """Decides when the step loop stops: signals, programmatic requests and a time limit.
+
+    `time_limit_s`: wall-clock budget in seconds from construction (None: no limit), so create
+    it first thing. `window`: steps the estimate looks back over. `reserve_s`: seconds kept for
+    the shutdown. `clock`: monotonic seconds (injectable for tests).
+    `notify(message)`: notices (signal received, handlers not installed); default stderr.
+    """
+
+    def __init__(
+        self,
+        time_limit_s: float | None,
+        *,
+        window: int = 5,
+        reserve_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        notify: Callable[[str], None] | None = None,
+    ):
+        if time_limit_s is not None and time_limit_s <= 0:
+            raise ValueError(f"time limit must be > 0 seconds, got {time_limit_s} (--time-limit)")
+        if window < 1:
+            raise ValueError(f"window must be >= 1 step, got {window}")
+        self.time_limit_s, self.reserve_s = time_limit_s, float(reserve_s)
+        self._clock = clock
+        self._t0 = clock()
+        self._notify = notify or print_notice
+        self.step_seconds: deque[float] = deque(maxlen=window)
+        self.reason: str | None = None
+        self._requested = False
+        self.signal_count = 0
+        self.installed = False
+        self._previous: dict[int, object] = {}
+
+    # --- requests -------------------------------------------------------------------
+    @property
+    def stop_requested(self) -> bool:
+        """True once a signal or request_stop() asked the run to stop."""
+        return self._requested
+
+    def request_stop(self, detail: str, kind: str = "requested") -> None:
+        """Ask the loop to stop after the step in progress; the first reason is kept."""
+        self._requested = True
+        if self.reason is None:
+            self.reason = f"{kind}: {detail}"
+
+    # --- time limit -----------------------------------------------------------------
+    def record_step(self, seconds: float) -> None:
+        """Record the wall time of a finished step (it feeds the next-step estimate)."""
+        self.step_seconds.append(float(seconds))
+
+    def elapsed(self) -> float:
+        """Seconds since the controller was made."""
+        return self._clock() - self._t0
+
+    def next_step_estimate(self) -> float | None:
+        """The longest of the recent steps (None before the first step)."""
+        return max(self.step_seconds) if self.step_seconds else None
+
+    def should_stop(self) -> str | None:
+        """The reason to stop now, or None to run another step. Once given, it stays."""
+        if self.reason is None and self.time_limit_s is not None:
+            self.reason = self._time_limit_reason()
+        return self.reason
+
+    def _time_limit_reason(self) -> str | None:
+        elapsed, limit = self.elapsed(), self.time_limit_s
+        guess = self.next_step_estimate()
+        reserve = f" + {self.reserve_s:.0f} s reserve" if self.reserve_s else ""
+        if guess is None:  # no estimate yet: start unless the time is already gone
+            if elapsed + self.reserve_s >= limit:
+                return f"time_limit: {elapsed:.0f} s elapsed{reserve} >= limit {limit:.0f} s"
+            return None
+        end = elapsed + guess
+        if end + self.reserve_s > limit:
+            return f"time_limit: next step would end at {end:.0f} s{reserve} > limit {limit:.0f} s"
+        return None
+
+    # --- signals --------------------------------------------------------------------
+    def install(self) -> "StopController":
+        """Catch SIGTERM and SIGINT (main thread only; elsewhere install nothing and say so)."""
+        if self.installed:
+            return self
+        if threading.current_thread() is not threading.main_thread():
+            self._notify("not in the main thread: SIGTERM/SIGINT are not caught; "
+                         "the run stops on its time limit or request_stop()")
+            return self
+        for sig in SIGNALS:
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._handle)
+        self.installed = True
+        return self
+
+    def uninstall(self) -> None:
+        """Put back the handlers that were there before install()."""
+        if not self.installed:
+            return
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+        self._previous.clear()
+        self.installed = False
+
+    def _handle(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        self.signal_count += 1
+        if self.signal_count == 1:
+            self.request_stop(name, kind="signal")
+            self._notify(f"{name}: stopping after the step in progress "
+                         f"(send it again to interrupt now)")
+            return
+        raise KeyboardInterrupt(f"second signal ({name}): interrupting the step in progress")
+
+    def __enter__(self) -> "StopController":
+        return self.install()
+
+    def __exit__(self, *exc) -> None:
+        self.uninstall()

@@ -1,0 +1,374 @@
+"""The GRPO loop: rollout, reward, advantages, update, weight sync, log; one line per step.
+
+`train(cfg)` reads top to bottom like the recipe: each step samples n answers for each of
+P prompts, scores them, turns rewards into group-relative advantages, takes
+prompts x answers / global-batch optimizer steps, hands the new weights to the engine and
+appends the step's metrics to the run log. Each phase runs inside a timer that becomes a
+`perf/<phase>_time` metric. The loop stops cleanly between steps on a time limit or a
+signal, and saves a checkpoint, so a run that dies loses at most the step in progress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from labkit import data as datamod
+from labkit.actor import compute_logprobs, make_optimizer, pack_rollout, train_on_rollout
+from labkit.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from labkit.config import RunConfig
+from labkit.engines.base import Completion, Engine, Sampling
+from labkit.grpo import compute_advantages
+from labkit.heat import HeatGuard, is_clean, make_guard, pause_seconds_within
+from labkit.metrics import STEP
+from labkit.reward import load_reward, score
+from labkit.runlog import RunLog
+from labkit.run import Run, open_run_folder
+from labkit.stopping import StopController
+from labkit.models import (default_device, load_policy, load_tokenizer, pick_dtype,
+                           resolve_model, stop_token_ids)
+
+
+CHECKPOINT_RESERVE_S = 30.0  # time kept for the final checkpoint under --time-limit
+
+
+@dataclass
+class Rollout:
+    """One rollout: the problems, their prompt ids, and n completions for each."""
+
+    problems: list
+    prompt_ids: list[list[int]]
+    completions: list[list[Completion]]
+    seconds: float = 0.0
+    pause_seconds: float = 0.0
+    clean: bool = True
+
+
+@dataclass
+class Session:
+    """Everything a run holds while it trains."""
+
+    cfg: RunConfig
+    log: RunLog
+    policy: torch.nn.Module
+    tokenizer: object
+    engine: Engine
+    optimizer: torch.optim.Optimizer
+    problems: list
+    eval_problems: list
+    reward_fn: object
+    guard: HeatGuard
+    autocast: object = contextlib.nullcontext
+    ref: torch.nn.Module | None = None
+    stop_ids: tuple[int, ...] = ()
+    prompt_cache: dict = field(default_factory=dict)
+    stopper: StopController | None = None
+    phase: str = "setup"  # rollout, train, logged: where a failure leaves the policy
+
+
+# ----------------------------------------------------------------------------- the loop
+def train(cfg: RunConfig, *, resume: str | Path | None = None, engine: Engine | None = None,
+          guard: HeatGuard | None = None, stopper: StopController | None = None) -> Run:
+    """Run GRPO for cfg.num_rollout steps (or continue `resume`); return the Run."""
+    cfg.check()
+    # The time limit counts from here: a run queue's limit counts loading too. The reserve
+    # keeps time for the final checkpoint (the course's run was stopped while shutting down).
+    stopper = stopper or StopController(cfg.time_limit_seconds, reserve_s=CHECKPOINT_RESERVE_S)
+    run_dir, log, first_step = open_run_folder(cfg, resume)
+    s = setup(cfg, log, engine=engine, guard=guard)
+    s.stopper = stopper
+    if resume is not None:
+        first_step = restore(s, first_step)
+    reason, message, last = "completed", "", first_step - 1
+    bar = _progress(cfg, first_step)
+    try:
+        with stopper, s.guard:
+            for step in range(first_step, cfg.num_rollout):
+                why = stopper.should_stop()
+                if why:
+                    reason, message = why.split(":", 1)[0], why
+                    break
+                t0 = time.time()
+                metrics = run_step(s, step)
+                metrics["perf/step_time"] = time.time() - t0
+                metrics["time/start"], metrics["time/end"] = t0, time.time()
+                log.append_step(metrics)
+                log.append_heat(p.to_dict() for p in s.guard.take_new_pauses())
+                s.phase, last = "logged", step
+                stopper.record_step(metrics["perf/step_time"])
+                if cfg.save_interval and (step + 1) % cfg.save_interval == 0:
+                    save_checkpoint(run_dir, step, s.policy, s.optimizer)
+                _advance(bar, metrics)
+    except BaseException as e:  # an engine that died, a second Ctrl-C, a bug
+        reason = "interrupted" if isinstance(e, KeyboardInterrupt) else "error"
+        message = f"{e.__class__.__name__}: {e}"
+        _finish(s, run_dir, reason, last, message, bar)
+        raise
+    _finish(s, run_dir, reason, last, message, bar)
+    return Run(run_dir)
+
+
+def run_step(s: Session, step: int) -> dict:
+    """One GRPO step: rollout, reward, advantages, update, weight sync. Returns its metrics."""
+    cfg, timers = s.cfg, {}
+    s.phase = "rollout"
+    with _timer(timers, "rollout"):
+        rollout = generate_rollout(s, step)
+    s.engine.sleep()  # colocated: give the KV cache's memory to the optimizer step
+    with _timer(timers, "reward"):
+        rewards = score_rollout(s, rollout)
+    adv = compute_advantages(rewards, normalize_std=not cfg.disable_grpo_std_normalization)
+    s.phase = "train"  # from here until the log line, the policy is ahead of the log
+    with _timer(timers, "actor_train"):
+        train_stats, batch = update_policy(s, rollout, adv.values, step)
+    s.engine.wake()
+    with _timer(timers, "update_weights"):
+        s.engine.update_weights(s.policy)
+    metrics = summarize_step(s, step, rollout, rewards, adv.zero_std, batch)
+    metrics.update(train_stats)
+    metrics.update({f"perf/{k}_time": v for k, v in timers.items()})
+    metrics["perf/rollout_time"] = rollout.seconds
+    metrics["perf/tokens_per_s"] = metrics["rollout/tokens"] / max(rollout.seconds, 1e-9)
+    if torch.cuda.is_available():
+        metrics["perf/max_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        torch.cuda.reset_peak_memory_stats()
+    if cfg.eval_interval and (step + 1) % cfg.eval_interval == 0:
+        metrics["eval/accuracy"] = evaluate(s)
+    log_samples(s, step, rollout, rewards)
+    return metrics
+
+
+# ----------------------------------------------------------------------------- phases
+def generate_rollout(s: Session, step: int) -> Rollout:
+    """Sample n answers for each of this step's prompts, waiting out heat pauses."""
+    cfg = s.cfg
+    problems = datamod.rollout_problems(s.problems, step, cfg.rollout_batch_size, cfg.seed)
+    prompt_ids = [encode_prompt(s, p) for p in problems]
+    sampling = Sampling(
+        n=cfg.n_samples_per_prompt, temperature=cfg.rollout_temperature, top_p=cfg.rollout_top_p,
+        max_tokens=cfg.rollout_max_response_len, seed=cfg.seed * 100_003 + step,
+        stop_token_ids=s.stop_ids,
+    )
+    s.guard.mark()
+    # Cool down before the clock starts: a pause here delays the step but does not touch its
+    # rollout. A pause between generation batches does, and makes the step not clean.
+    cancel = (lambda: s.stopper.stop_requested) if s.stopper else None
+    s.guard.wait_if_hot(step, cancel=cancel)
+    start = time.time()
+    with s.autocast():
+        completions = s.engine.generate(prompt_ids, sampling,
+                                        lambda: s.guard.wait_if_hot(step, cancel=cancel))
+    end = time.time()
+    pauses = s.guard.pauses
+    return Rollout(problems, prompt_ids, completions, seconds=end - start,
+                   pause_seconds=pause_seconds_within(start, end, pauses),
+                   clean=is_clean(start, end, pauses))
+
+
+def score_rollout(s: Session, rollout: Rollout) -> torch.Tensor:
+    """Rewards shaped [prompts, n]."""
+    texts = [c.text for group in rollout.completions for c in group]
+    labels = [p.label for p, group in zip(rollout.problems, rollout.completions) for _ in group]
+    flat = score(texts, labels, s.reward_fn)
+    return torch.tensor(flat, dtype=torch.float32).view(len(rollout.problems), -1)
+
+
+def update_policy(s: Session, rollout: Rollout, advantages: torch.Tensor, step: int):
+    """Old log-probs, then the optimizer steps of this rollout. Returns (stats, batch)."""
+    cfg = s.cfg
+    prompts = [rollout.prompt_ids[i] for i, g in enumerate(rollout.completions) for _ in g]
+    comps = [c for g in rollout.completions for c in g]
+    batch = pack_rollout(prompts, [c.token_ids for c in comps], advantages,
+                         [c.logprobs for c in comps], s.tokenizer.pad_token_id)
+    kw = dict(micro_batch_size=cfg.micro_batch_size, temperature=cfg.rollout_temperature,
+              autocast=s.autocast)
+    batch.old_logprobs, entropy = compute_logprobs(s.policy, batch, entropy=True, **kw)
+    if s.ref is not None:
+        batch.ref_logprobs, _ = compute_logprobs(s.ref, batch, **kw)
+    gen = torch.Generator().manual_seed(cfg.seed * 7_919 + step)
+    stats = train_on_rollout(s.policy, s.optimizer, batch, cfg, generator=gen, autocast=s.autocast)
+    stats["train/entropy"] = entropy
+    stats["train/lr"] = cfg.lr
+    if batch.engine_logprobs is not None:
+        diff = (batch.old_logprobs - batch.engine_logprobs).abs() * batch.response_mask
+        stats["train/train_rollout_logprob_abs_diff"] = float(diff.sum() / batch.response_mask.sum())
+    return stats, batch
+
+
+def summarize_step(s: Session, step: int, rollout: Rollout, rewards: torch.Tensor,
+                   zero_std: torch.Tensor, batch) -> dict:
+    """The rollout half of a step's metrics (names from labkit.metrics)."""
+    comps = [c for g in rollout.completions for c in g]
+    lengths = torch.tensor([len(c.token_ids) for c in comps], dtype=torch.float32)
+    all_zero = (rewards == 0).all(dim=1).float().mean()
+    all_one = (rewards == 1).all(dim=1).float().mean()
+    return {
+        STEP: step,
+        "rollout/raw_reward": float(rewards.mean()),
+        "rollout/raw_reward_std": float(rewards.flatten().std()) if rewards.numel() > 1 else 0.0,
+        "rollout/zero_std/frac_groups": float(zero_std.float().mean()),
+        "rollout/zero_std/all_zero_percentage": float(all_zero),
+        "rollout/zero_std/all_one_percentage": float(all_one),
+        "rollout/response_len/mean": float(lengths.mean()),
+        "rollout/response_len/max": int(lengths.max()),
+        "rollout/truncated_ratio": sum(c.truncated for c in comps) / len(comps),
+        "rollout/tokens": int(lengths.sum()),
+        "rollout/n_prompts": len(rollout.problems),
+        "rollout/n_samples_per_prompt": s.cfg.n_samples_per_prompt,
+        "heat/clean": rollout.clean,
+        "heat/pause_time": rollout.pause_seconds,
+        "heat/max_temp_c": s.guard.max_temp_c,
+    }
+
+
+def evaluate(s: Session) -> float:
+    """Greedy accuracy on the held-out problems."""
+    ids = [encode_prompt(s, p) for p in s.eval_problems]
+    greedy = Sampling(n=1, temperature=0.0, max_tokens=s.cfg.rollout_max_response_len,
+                      stop_token_ids=s.stop_ids)
+    with s.autocast():
+        outs = s.engine.generate(ids, greedy)
+    rewards = score([o[0].text for o in outs], [p.label for p in s.eval_problems], s.reward_fn)
+    return sum(rewards) / max(len(rewards), 1)
+
+
+def log_samples(s: Session, step: int, rollout: Rollout, rewards: torch.Tensor) -> None:
+    """Keep the completions of a few prompts: prompt id and label, never the problem text."""
+    rows = []
+    for i, (p, group) in enumerate(zip(rollout.problems, rollout.completions)):
+        if i >= s.cfg.n_logged_prompts:
+            break
+        for j, c in enumerate(group):
+            rows.append({STEP: step, "prompt_id": p.id, "label": p.label, "sample": j,
+                         "completion": c.text, "reward": float(rewards[i, j]),
+                         "finish_reason": c.finish_reason, "tokens": len(c.token_ids)})
+    s.log.append_samples(rows)
+
+
+def encode_prompt(s: Session, problem) -> list[int]:
+    """Token ids of the chat prompt for a problem (cached by problem id)."""
+    ids = s.prompt_cache.get(problem.id)
+    if ids is None:
+        messages = datamod.build_messages(problem.question)
+        tok = s.tokenizer
+        if getattr(tok, "chat_template", None):
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        else:  # a bare tokenizer (tiny test models): plain text with the same instructions
+            text = "\n\n".join(m["content"] for m in messages) + "\n\nAnswer:"
+            ids = tok(text)["input_ids"]
+        s.prompt_cache[problem.id] = ids
+    return ids
+
+
+# ----------------------------------------------------------------------------- setup
+def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
+          guard: HeatGuard | None = None) -> Session:
+    """Load data, reward, model, optimizer, engine and heat guard for a run."""
+    torch.manual_seed(cfg.seed)
+    # The problem set is the same for every seed (seed 0); cfg.seed only orders it.
+    problems = datamod.load_problems(cfg.data, "train", seed=0,
+                                     synthetic_steps=cfg.synthetic_steps)
+    eval_problems = []
+    if cfg.eval_interval:
+        eval_problems = datamod.split_eval(cfg.data, cfg.eval_split_size,
+                                           synthetic_steps=cfg.synthetic_steps)
+    reward_fn = load_reward(cfg.rm_type, cfg.custom_rm_path)
+    device = default_device()
+    path = resolve_model(cfg.model)
+    tokenizer = load_tokenizer(path)
+    # Master weights stay float32 (a 1e-6 step vanishes in bfloat16); bf16 is for compute.
+    policy = load_policy(path, torch.float32, device)
+    if cfg.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+        policy.config.use_cache = False
+    compute = pick_dtype(cfg.dtype, device)
+    autocast = contextlib.nullcontext
+    if compute != torch.float32:
+        autocast = lambda: torch.autocast(device.type, dtype=compute)  # noqa: E731
+    ref = None
+    if cfg.kl_loss_coef > 0:
+        ref = load_policy(path, compute, device).eval().requires_grad_(False)
+    engine = engine or make_engine(cfg, path, policy, tokenizer)
+    guard = guard or make_guard(cfg.heat_pause_c, cfg.heat_resume_c)
+    return Session(cfg, log, policy, tokenizer, engine, make_optimizer(policy, cfg), problems,
+                   eval_problems, reward_fn, guard, autocast, ref, stop_token_ids(tokenizer, policy))
+
+
+def make_engine(cfg: RunConfig, path: str, policy, tokenizer) -> Engine:
+    """The engine cfg.engine names (auto: vLLM on a GPU when importable, else transformers)."""
+    name = cfg.engine
+    if name == "auto":
+        import importlib.util
+
+        name = "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
+    if name == "vllm":
+        from labkit.engines.vllm import VLLMEngine
+
+        return VLLMEngine(path, dtype=cfg.dtype, gpu_memory_fraction=cfg.rollout_gpu_memory_fraction,
+                          seed=cfg.seed, max_model_len=None)
+    from labkit.engines.hf import HFEngine
+
+    return HFEngine(policy, tokenizer)
+
+
+def restore(s: Session, first_step: int) -> int:
+    """Load the newest checkpoint into the session; return the step to continue from."""
+    found = latest_checkpoint(s.log.dir)
+    if found is None:
+        return 0
+    step, path = found
+    load_checkpoint(path, s.policy, s.optimizer)
+    s.engine.update_weights(s.policy)
+    s.log.set_aside_steps_after(step)
+    print(f"labkit: resuming {s.log.dir} after step {step}", flush=True)
+    return step + 1
+
+
+def _finish(s: Session, run_dir: Path, reason: str, last: int, message: str, bar) -> None:
+    """Checkpoint the last finished step and say why the run stopped.
+
+    After a failure in the middle of the optimizer steps the policy is ahead of the log, so
+    no checkpoint is written then: the previous one (if any) stays the one to resume from.
+    """
+    if bar is not None:
+        bar.close()
+    s.log.append_heat(p.to_dict() for p in s.guard.take_new_pauses())
+    if last >= 0 and s.phase != "train":
+        save_checkpoint(run_dir, last, s.policy, s.optimizer)
+    elif s.phase == "train":
+        message += (" (the failure came during the optimizer step, so the policy was not saved; "
+                    "--resume continues from the last checkpoint)")
+    s.log.write_status(reason, last, message)
+    print(f"labkit: run stopped ({reason}{': ' + message if message else ''}) after step {last}; "
+          f"log in {run_dir}", flush=True)
+
+
+# ----------------------------------------------------------------------------- helpers
+@contextlib.contextmanager
+def _timer(timers: dict, name: str):
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        timers[name] = time.perf_counter() - t
+
+
+def _progress(cfg: RunConfig, first: int):
+    if not cfg.progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=cfg.num_rollout, initial=first, desc="GRPO steps", unit="step")
+
+
+def _advance(bar, metrics: dict) -> None:
+    if bar is None:
+        return
+    bar.set_postfix(reward=f"{metrics['rollout/raw_reward']:.3f}",
+                    rollout_s=f"{metrics['perf/rollout_time']:.1f}")
+    bar.update(1)

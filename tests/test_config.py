@@ -1,0 +1,111 @@
+"""RunConfig: the batch arithmetic, refusals that name the fix, flags and miles' env vars."""
+
+import pytest
+
+from labkit.config import ConfigError, RunConfig, config_from_args, parse_duration, resolve_args
+
+
+def test_recipe_defaults_are_the_course_recipe():
+    cfg = RunConfig().check()
+    assert (cfg.rollout_batch_size, cfg.n_samples_per_prompt, cfg.global_batch_size) == (32, 8, 256)
+    assert cfg.rm_type == "math" and cfg.num_rollout == 24
+    assert cfg.steps_per_rollout == 1
+    assert (cfg.lr, cfg.eps_clip, cfg.eps_clip_high, cfg.kl_loss_coef) == (1e-6, 0.2, 0.28, 0.0)
+    assert cfg.rollout_max_response_len == 1024 and cfg.rollout_temperature == 1.0
+
+
+def test_global_batch_that_does_not_divide_names_the_fix():
+    with pytest.raises(ConfigError) as e:
+        RunConfig(n_samples_per_prompt=4, global_batch_size=256).check()
+    msg = str(e.value)
+    assert "--global-batch-size 128 for 32 prompts x 4" in msg
+    assert "--rollout-batch-size 32" in msg and "--n-samples-per-prompt 4" in msg
+
+
+def test_global_batch_larger_than_rollout_is_refused():
+    with pytest.raises(ConfigError, match="--global-batch-size 256 for 32 prompts x 8"):
+        RunConfig(global_batch_size=512).check()
+
+
+def test_group_of_one_has_no_baseline():
+    with pytest.raises(ConfigError, match="at least 2 answers"):
+        RunConfig(n_samples_per_prompt=1, global_batch_size=32).check()
+
+
+@pytest.mark.parametrize("field", ["rollout_batch_size", "global_batch_size", "num_rollout"])
+def test_values_below_one_are_refused(field):
+    with pytest.raises(ConfigError, match="--" + field.replace("_", "-")):
+        RunConfig(**{field: 0}).check()
+
+
+def test_several_steps_per_rollout():
+    cfg = RunConfig(global_batch_size=64).check()
+    assert cfg.steps_per_rollout == 4
+
+
+def test_unknown_flag_lists_valid_flags():
+    with pytest.raises(ConfigError) as e:
+        config_from_args(["--n-samples", "4"], env={})
+    assert "unknown flag --n-samples" in str(e.value)
+    assert "--n-samples-per-prompt" in str(e.value)
+
+
+def test_unknown_rm_type_lists_valid_ones():
+    with pytest.raises(ConfigError, match="--rm-type 'f1' is not valid; valid: math"):
+        config_from_args(["--rm-type", "f1"], env={})
+
+
+def test_flags_parse_into_fields():
+    cfg = config_from_args(
+        ["--rollout-batch-size", "16", "--n-samples-per-prompt", "8", "--global-batch-size", "128",
+         "--rm-type", "math", "--lr", "1e-5", "--gradient-checkpointing"], env={})
+    assert (cfg.rollout_batch_size, cfg.global_batch_size, cfg.lr) == (16, 128, 1e-5)
+    assert cfg.gradient_checkpointing is True
+
+
+def test_miles_env_vars_as_the_course_writes_them():
+    env = {"MILES_NUM_ROLLOUT": "24",
+           "MILES_EXTRA_ARGS": "--n-samples-per-prompt 4 --global-batch-size 128"}
+    cfg, explicit = resolve_args(["--num-rollout", "3", "--n-samples-per-prompt", "16"], env=env)
+    # argv beats MILES_NUM_ROLLOUT; MILES_EXTRA_ARGS comes last and beats argv
+    assert cfg.num_rollout == 3
+    assert (cfg.n_samples_per_prompt, cfg.global_batch_size) == (4, 128)
+    assert {"num_rollout", "n_samples_per_prompt", "global_batch_size"} <= explicit
+
+
+def test_miles_num_rollout_alone():
+    assert config_from_args([], env={"MILES_NUM_ROLLOUT": "5"}).num_rollout == 5
+
+
+def test_extra_args_that_break_the_arithmetic_are_refused():
+    with pytest.raises(ConfigError, match="--global-batch-size 128 for 32 prompts x 4"):
+        config_from_args([], env={"MILES_EXTRA_ARGS": "--n-samples-per-prompt 4"})
+
+
+def test_preset_cpu_is_small_and_offline():
+    cfg = RunConfig.preset("cpu").check()
+    assert cfg.model == "smollm2" and cfg.data == "synthetic" and cfg.engine == "hf"
+    assert cfg.samples_per_rollout == cfg.global_batch_size
+    with pytest.raises(ConfigError, match="unknown preset"):
+        RunConfig.preset("gpu-xl")
+
+
+def test_replace_refuses_unknown_fields():
+    with pytest.raises(ConfigError, match="unknown field 'group_size'; valid fields: .*n_samples_per_prompt"):
+        RunConfig().replace(group_size=4)
+
+
+@pytest.mark.parametrize("text,seconds", [("90", 90), ("90m", 5400), ("2h", 7200), ("1h30m", 5400), (45, 45)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["two hours", "-5", "0", "5x"])
+def test_bad_durations(text):
+    with pytest.raises(ConfigError, match="--time-limit"):
+        parse_duration(text)
+
+
+def test_heat_thresholds_checked():
+    with pytest.raises(ConfigError, match="--heat-resume-c 90"):
+        RunConfig(heat_pause_c=85, heat_resume_c=90).check()

@@ -1,0 +1,238 @@
+"""Tests of labkit.reward: final-answer extraction, the math reward, custom rewards, scoring."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import threading
+import time
+import warnings
+
+import pytest
+
+from labkit import reward
+from labkit.reward import (
+    REWARDS, extract_final_answer, load_reward, math_reward, parse_number, score,
+    verify_with_timeout,
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm_math_verify():
+    """Import math-verify and run it once, so timings below measure scoring, not imports."""
+    reward._warm_up()
+
+
+# (response, label, expected reward)
+CASES = [
+    ("So she has 18 left.\n#### 18", "18", 1.0),
+    ("#### 17", "18", 0.0),
+    ("#### 1,234", "1234", 1.0),
+    ("#### 1,234,567", "1234567", 1.0),
+    ("#### $18", "18", 1.0),
+    ("#### $18.00", "18", 1.0),
+    ("#### 25%", "25", 1.0),
+    ("#### 42.0", "42", 1.0),
+    ("#### 42.00", "42", 1.0),
+    ("#### 42.5", "42", 0.0),
+    ("#### 42.", "42", 1.0),
+    ("#### 3/4", "0.75", 1.0),
+    ("#### 0.75", "3/4", 1.0),
+    ("#### \\frac{3}{4}", "0.75", 1.0),
+    ("#### \\dfrac{6}{8}", "0.75", 1.0),
+    ("#### -\\frac{1}{2}", "-0.5", 1.0),
+    ("#### -5", "-5", 1.0),
+    ("#### 5", "-5", 0.0),
+    ("#### \u22125", "-5", 1.0),  # unicode minus
+    ("#### **42**", "42", 1.0),  # markdown bold
+    ("#### 42 apples", "42", 1.0),
+    ("The answer is \\boxed{42}.", "42", 1.0),
+    ("\\boxed{\\frac{3}{4}}", "0.75", 1.0),
+    ("\\boxed{41}", "42", 0.0),
+    ("#### 42 \\text{ dollars}", "42", 1.0),
+    ("First \\boxed{5}, then \\boxed{6}", "6", 1.0),  # last boxed wins
+    ("First \\boxed{5}, then \\boxed{6}", "5", 0.0),
+    ("#### 5\nwait, I made an error.\n#### 6", "6", 1.0),  # last #### wins
+    ("#### 5\nwait, I made an error.\n#### 6", "5", 0.0),
+    ("#### 9\nor maybe \\boxed{8}", "9", 1.0),  # #### beats a later boxed
+    ("#### 9\nor maybe \\boxed{8}", "8", 0.0),
+    ("I think the answer is 42.", "42", 0.0),  # no final-answer marker
+    ("", "42", 0.0),
+    ("####", "42", 0.0),
+    ("#### Step 1: add\n42 in total", "42", 0.0),  # a markdown heading is not an answer
+    ("\\boxed{42", "42", 0.0),  # unbalanced
+    ("\\boxed{\\sqrt{1764}}", "42", 1.0),  # needs math-verify
+    ("#### 2^{5}+10", "42", 1.0),  # needs math-verify
+    ("#### 2^{5}+11", "42", 0.0),
+]
+
+
+@pytest.mark.parametrize("response,label,expected", CASES)
+def test_math_reward_table(response, label, expected):
+    assert math_reward(response, label) == expected
+
+
+@pytest.mark.parametrize("text,answer", [
+    ("work...\n#### 72", "72"),
+    ("#### 1\n#### 2", "2"),
+    ("\\boxed{\\frac{1}{2}} and \\boxed{3}", "3"),
+    ("\\boxed{\\boxed{3}}", "3"),
+    ("\\boxed{ {a}{b} }", "{a}{b}"),
+    ("#### 4 \\boxed{5}", "4 \\boxed{5}"),
+    ("nothing here", None),
+    ("\\boxed{1", None),
+])
+def test_extract_final_answer(text, answer):
+    assert extract_final_answer(text) == answer
+
+
+def test_parse_number():
+    assert parse_number("$1,234.50") == parse_number("2469/2")
+    assert parse_number("\\frac{3}{4}") == parse_number("0.75")
+    assert parse_number("3/0") is None
+    assert parse_number("x + 1") is None
+    assert parse_number("9" * 500) is None  # too long to be an answer
+
+
+ADVERSARIAL = {
+    "10**100000 written out": "#### 1" + "0" * 100_000,
+    "10k digits": "#### " + "7" * 10_000,
+    "10k digits boxed": "\\boxed{" + "7" * 10_000 + "}",
+    "nested boxed, unbalanced": "\\boxed{" * 5_000,
+    "deep balanced braces": "\\boxed{" + "{" * 5_000 + "42" + "}" * 5_001,
+    "deeply nested frac": "#### " + "\\frac{" * 3_000 + "1" + "}{2}" * 3_000,
+    "short nested frac": "#### " + "\\frac{" * 6 + "1" + "}{2}" * 6,
+    "power tower": "#### 9^{9^{9^{9}}}",
+    "huge power": "#### 10^{100000}",
+    "two-digit power": "#### 99^{99}",
+    "factorial": "#### 100000!",
+    "big sum": "\\boxed{\\sum_{i=1}^{10^{12}} i}",
+    "exponent notation": "#### 1e100000000",
+    "big product": "#### 99999999999999*99999999999999",
+    "only closing braces": "}" * 100_000,
+    "many markers": "#### " * 20_000,
+    "many boxes": "\\boxed{1}" * 20_000,
+    "unbalanced in #### line": "#### \\frac{{{{{{{{{{{{1}{2",
+}
+
+
+@pytest.mark.parametrize("name", list(ADVERSARIAL))
+def test_adversarial_answers_score_zero_fast(name):
+    start = time.perf_counter()
+    assert math_reward(ADVERSARIAL[name], "42") == 0.0
+    assert time.perf_counter() - start < 0.5
+
+
+def test_non_strings_score_zero():
+    assert math_reward(None, "42") == 0.0
+    assert math_reward("#### 42", None) == 0.0
+
+
+def test_reward_works_off_the_main_thread():
+    cases = [(r, y) for r, y, _ in CASES]
+    expected = [e for _, _, e in CASES]
+    results = []
+    worker = threading.Thread(target=lambda: results.extend(math_reward(r, y) for r, y in cases))
+    worker.start()
+    worker.join(timeout=60)
+    assert results == expected
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(lambda ry: math_reward(*ry), cases)) == expected
+
+
+def test_our_timeout_stops_a_hanging_verifier(monkeypatch):
+    release = threading.Event()
+    monkeypatch.setattr(reward, "_verify", lambda a, b: release.wait(30))
+    monkeypatch.setattr(reward, "_stuck", [])
+    monkeypatch.setattr(reward, "_warned", set())
+    try:
+        start = time.perf_counter()
+        assert verify_with_timeout("x", "y", timeout_s=0.2) is False
+        assert 0.15 < time.perf_counter() - start < 1.0
+        for _ in range(reward.MAX_STUCK_WORKERS - 1):
+            verify_with_timeout("x", "y", timeout_s=0.05)
+        start = time.perf_counter()  # too many stuck workers: refuse at once, say so
+        with pytest.warns(RuntimeWarning, match="still running after their timeout"):
+            assert verify_with_timeout("x", "y", timeout_s=5.0) is False
+        assert time.perf_counter() - start < 0.1
+    finally:
+        release.set()
+
+
+# ------------------------------------------------------------------ registry
+def test_registry_and_config_accept_math():
+    from labkit.config import ConfigError, RunConfig
+
+    assert load_reward("math") is math_reward is REWARDS["math"]
+    RunConfig().check()
+    with pytest.raises(ConfigError, match="valid: math"):
+        RunConfig(rm_type="nope").check()
+
+
+def test_unknown_rm_type_names_the_valid_ones():
+    with pytest.raises(ValueError, match=r"--rm-type 'f1' is not valid; valid: math"):
+        load_reward("f1")
+
+
+def _write_module(folder, name):
+    path = folder / f"{name}.py"
+    path.write_text(
+        "def contains(response, label):\n"
+        "    return 1.0 if label in response else 0.0\n"
+    )
+    return path
+
+
+def test_custom_reward_from_file(tmp_path):
+    path = _write_module(tmp_path, "my_rm_file")
+    fn = load_reward("math", f"{path}:contains")
+    assert fn("it is 7", "7") == 1.0 and fn("it is 8", "7") == 0.0
+
+
+def test_custom_reward_from_module(tmp_path, monkeypatch):
+    _write_module(tmp_path, "my_rm_module")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fn = load_reward("ignored-when-custom", "my_rm_module:contains")
+    assert fn("7", "7") == 1.0
+
+
+def test_custom_reward_errors_name_the_fix(tmp_path):
+    path = _write_module(tmp_path, "my_rm_errors")
+    with pytest.raises(ValueError, match="has no function 'missing'"):
+        load_reward("math", f"{path}:missing")
+    with pytest.raises(FileNotFoundError, match="no file"):
+        load_reward("math", f"{tmp_path}/absent.py:contains")
+    with pytest.raises(ValueError, match="package.module:function"):
+        load_reward("math", "no_colon_here")
+
+
+# ------------------------------------------------------------------ score
+def test_score_matches_one_by_one_and_in_a_pool():
+    responses = [r for r, _, _ in CASES]
+    labels = [y for _, y, _ in CASES]
+    expected = [e for _, _, e in CASES]
+    assert score(responses, labels, math_reward) == expected
+    assert score(responses, labels, math_reward, max_workers=4) == expected
+
+
+def test_score_survives_a_raising_reward_and_warns_once():
+    def flaky(response, label):
+        if response == "boom":
+            raise RuntimeError("bad response")
+        return float("nan") if response == "nan" else 1.0
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = score(["ok", "boom", "boom"], ["1", "1", "1"], flaky)
+        second = score(["boom", "ok"], ["1", "1"], flaky, max_workers=2)
+        third = score(["nan"], ["1"], flaky)
+    assert first == [1.0, 0.0, 0.0] and second == [0.0, 1.0] and third == [0.0]
+    messages = [str(w.message) for w in caught]
+    assert sum("raised RuntimeError" in m for m in messages) == 1
+    assert sum("returned nan" in m for m in messages) == 1
+    assert all(math.isfinite(v) for v in first + second + third)
+
+
+def test_score_refuses_mismatched_lengths():
+    with pytest.raises(ValueError, match="2 responses but 1 labels"):
+        score(["a", "b"], ["1"], math_reward)

@@ -1,0 +1,152 @@
+"""labkit serve: ports checked first, engines behind the router answer, nothing left after stop."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from labkit.client import HttpEngine, RolloutClient
+from labkit.engines.base import Sampling
+from labkit.serve import (
+    Cluster, PortInUse, ServeConfig, ServeError, check_ports_free, find_free_base_port,
+    group_members, router_binary,
+)
+
+REPO = Path(__file__).parents[1]
+
+
+def have_router() -> bool:
+    try:
+        router_binary("vllm-router")
+        return True
+    except ServeError:
+        return False
+
+
+needs_router = pytest.mark.skipif(not have_router(), reason="vllm-router is not installed")
+
+
+def alive(pid: int) -> bool:
+    """True while pid is a live process (a zombie counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def fake_config(tmp_path, engines=2, router="vllm-router", **kw) -> ServeConfig:
+    port = find_free_base_port(engines + 2)
+    return ServeConfig(engines=engines, backend="fake", port=port, router=router,
+                       log_dir=str(tmp_path / "serve"), startup_timeout_s=30, **kw)
+
+
+def test_a_port_in_use_is_refused_before_anything_starts(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        with pytest.raises(PortInUse, match=f"port {taken} .* in use.*--port"):
+            check_ports_free("127.0.0.1", [taken])
+        cfg = ServeConfig(engines=1, backend="fake", port=taken, log_dir=str(tmp_path / "s"))
+        cluster = Cluster(cfg)
+        with pytest.raises(PortInUse):
+            cluster.start()
+        assert cluster.procs == []
+
+
+def test_engines_without_router_answer_and_stop_cleanly(tmp_path):
+    cfg = fake_config(tmp_path, engines=2, router="none")
+    with Cluster(cfg) as cluster:
+        pids = list(cluster.pids().values())
+        assert len(pids) == 2 and all(alive(p) for p in pids)
+        answers = asyncio.run(RolloutClient(cluster.url).run(
+            [(f"r{i}", "/v1/completions", {"prompt": [i], "max_tokens": 3}) for i in range(5)]))
+        assert all(len(a["choices"][0]["token_ids"]) == 3 for a in answers)
+    assert not any(alive(p) for p in pids)
+    assert all(group_members(p) == [] for p in pids)
+
+
+@needs_router
+def test_router_in_front_of_fake_engines_serves_an_http_engine(tmp_path):
+    cfg = fake_config(tmp_path, engines=2)
+    with Cluster(cfg) as cluster:
+        pids = list(cluster.pids().values())
+        assert len(pids) == 3
+        engine = HttpEngine(cluster.url, max_open_requests=8, log_path=tmp_path / "client.jsonl")
+        out = engine.generate([[1, 2], [3]], Sampling(n=4, max_tokens=5, seed=1))
+        engine.close()
+    assert [len(g) for g in out] == [4, 4] and all(len(c.token_ids) == 5 for g in out for c in g)
+    assert not any(alive(p) for p in pids)
+
+
+def test_an_engine_that_cannot_start_is_reported_and_nothing_is_left(tmp_path):
+    cfg = fake_config(tmp_path, engines=2, router="none", engine_args=("--no-such-flag",))
+    cluster = Cluster(cfg)
+    with pytest.raises(ServeError, match="engine0 exited with code 2 before it was healthy"):
+        cluster.start()
+    assert cluster.procs == []
+
+
+def run_serve(tmp_path, *extra) -> tuple[subprocess.Popen, dict]:
+    """Start `python -m labkit.serve` with fake engines; return it and its serve.json."""
+    port = find_free_base_port(5)
+    log_dir = tmp_path / "serve"
+    cmd = [sys.executable, "-m", "labkit.serve", "--backend", "fake", "--engines", "2",
+           "--router", "vllm-router" if have_router() else "none", "--port", str(port),
+           "--log-dir", str(log_dir), "--startup-timeout-s", "30", *extra]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    state_file = log_dir / "serve.json"
+    for _ in range(300):  # up to 30 s
+        if state_file.exists() or proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert state_file.exists(), proc.communicate(timeout=30)[0]
+    return proc, json.loads(state_file.read_text())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_serve_stops_every_child_on_a_signal(tmp_path, sig):
+    proc, state = run_serve(tmp_path)
+    pids = list(state["pids"].values())
+    assert all(alive(p) for p in pids)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "all engine and router processes stopped" in out
+    assert not any(alive(p) for p in pids)
+
+
+def test_serve_stops_all_when_an_engine_dies(tmp_path):
+    proc, state = run_serve(tmp_path)
+    os.kill(state["pids"]["engine1"], signal.SIGKILL)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "engine1 exited" in out
+    assert not any(alive(p) for p in state["pids"].values())
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not importable")
+@needs_router
+def test_two_vllm_engines_behind_the_router(tmp_path):
+    port = find_free_base_port(4)
+    cfg = ServeConfig(engines=2, backend="vllm", port=port, max_model_len=256, max_num_seqs=4,
+                      log_dir=str(tmp_path / "serve"))
+    with Cluster(cfg) as cluster:
+        pids = list(cluster.pids().values())
+        engine = HttpEngine(cluster.url, max_open_requests=4)
+        out = engine.generate([[1, 2, 3], [4, 5]], Sampling(n=2, max_tokens=4, seed=0))
+    assert [len(g) for g in out] == [2, 2]
+    assert all(0 < len(c.token_ids) <= 4 and c.logprobs and len(c.logprobs) == len(c.token_ids)
+               for g in out for c in g)
+    assert not any(alive(p) for p in pids)

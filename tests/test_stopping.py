@@ -1,0 +1,245 @@
+"""StopController: time-limit decisions on a fake clock, real signals, a stopped subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from labkit.stopping import StopController
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class FakeClock:
+    def __init__(self, t: float = 0.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def run_steps(stop: StopController, clock: FakeClock, seconds: list[float]) -> list[str | None]:
+    """Run fake steps of the given lengths; return should_stop() after each."""
+    out = []
+    for s in seconds:
+        clock.t += s
+        stop.record_step(s)
+        out.append(stop.should_stop())
+    return out
+
+
+# ------------------------------------------------------------------ time limit
+def test_no_limit_never_stops():
+    clock = FakeClock()
+    stop = StopController(None, clock=clock)
+    assert run_steps(stop, clock, [1000.0] * 10) == [None] * 10
+
+
+def test_first_step_may_start_without_an_estimate():
+    clock = FakeClock()
+    stop = StopController(3600, clock=clock)
+    clock.t = 3000.0                              # a slow model load, no step yet
+    assert stop.next_step_estimate() is None
+    assert stop.should_stop() is None
+
+
+def test_stops_before_a_step_that_would_end_past_the_limit():
+    clock = FakeClock()
+    stop = StopController(3600, clock=clock)
+    # 3100 s after 31 steps of 100 s; then one slow step of 512 s: 3612 s
+    assert run_steps(stop, clock, [100.0] * 31) == [None] * 31
+    assert run_steps(stop, clock, [512.0]) == [
+        "time_limit: next step would end at 4124 s > limit 3600 s"
+    ]
+
+
+def test_estimate_is_the_longest_recent_step():
+    clock = FakeClock()
+    stop = StopController(3600, clock=clock, window=3)
+    # elapsed 3000 with recent steps 100, 600, 100: the estimate is 600 -> 3600, not past it
+    clock.t = 2200.0
+    assert run_steps(stop, clock, [100.0, 600.0, 100.0]) == [None, None, None]
+    assert stop.elapsed() == 3000.0 and stop.next_step_estimate() == 600.0
+    clock.t += 1.0                                # 3001 + 600 > 3600
+    assert stop.should_stop() == "time_limit: next step would end at 3601 s > limit 3600 s"
+
+
+def test_old_steps_leave_the_window():
+    clock = FakeClock()
+    stop = StopController(10_000, clock=clock, window=2)
+    run_steps(stop, clock, [900.0, 10.0, 20.0])
+    assert stop.next_step_estimate() == 20.0
+
+
+def test_reserve_keeps_time_for_the_shutdown_and_the_decision_stays():
+    clock, plain = FakeClock(), FakeClock()
+    stop = StopController(3600, clock=clock, reserve_s=60)
+    no_reserve = StopController(3600, clock=plain)
+    assert run_steps(stop, clock, [100.0] * 34) == [None] * 34      # 3400 + 100 + 60 <= 3600
+    assert run_steps(stop, clock, [100.0]) == [
+        "time_limit: next step would end at 3600 s + 60 s reserve > limit 3600 s"
+    ]
+    assert run_steps(no_reserve, plain, [100.0] * 35)[-1] is None   # 3600 is not past 3600
+    reason = stop.should_stop()
+    stop.record_step(1.0)
+    assert stop.should_stop() == reason and not stop.stop_requested
+
+
+def test_time_already_spent_before_the_first_step():
+    clock = FakeClock()
+    stop = StopController(3600, clock=clock)
+    clock.t = 3700.0
+    assert stop.should_stop() == "time_limit: 3700 s elapsed >= limit 3600 s"
+
+
+def test_request_stop_keeps_the_first_reason():
+    stop = StopController(None)
+    assert stop.should_stop() is None and not stop.stop_requested
+    stop.request_stop("503 bursts longer than 60 s", kind="watchdog")
+    stop.request_stop("enough for today")
+    assert stop.stop_requested
+    assert stop.should_stop() == "watchdog: 503 bursts longer than 60 s"
+
+
+def test_refuses_a_nonpositive_limit():
+    with pytest.raises(ValueError, match="--time-limit"):
+        StopController(0)
+
+
+# ------------------------------------------------------------------ signals
+def test_real_sigterm_sets_the_flag_and_a_second_interrupts():
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    notes = []
+    with StopController(None, notify=notes.append) as stop:
+        assert stop.installed
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.stop_requested and stop.should_stop() == "signal: SIGTERM"
+        assert len(notes) == 1 and "SIGTERM" in notes[0] and "again" in notes[0]
+        with pytest.raises(KeyboardInterrupt, match="second signal"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.should_stop() == "signal: SIGTERM"
+    assert not stop.installed
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_sigint_then_sigint_like_the_jupyter_interrupt_button():
+    before = signal.getsignal(signal.SIGINT)
+    stop = StopController(None, notify=lambda m: None).install()
+    try:
+        signal.raise_signal(signal.SIGINT)
+        assert stop.should_stop() == "signal: SIGINT"
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        stop.uninstall()
+    assert signal.getsignal(signal.SIGINT) is before
+    stop.uninstall()                              # twice is harmless
+
+
+def test_handlers_restored_even_when_the_loop_raises():
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(RuntimeError):
+        with StopController(None):
+            assert signal.getsignal(signal.SIGTERM) is not before
+            raise RuntimeError("step failed")
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_install_off_the_main_thread_installs_nothing_and_says_so():
+    before = signal.getsignal(signal.SIGTERM)
+    notes, result = [], {}
+
+    def worker():
+        stop = StopController(None, notify=notes.append).install()
+        result["installed"] = stop.installed
+        stop.uninstall()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert result == {"installed": False}
+    assert len(notes) == 1 and "not in the main thread" in notes[0]
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+# ------------------------------------------------------------------ a real process
+LOOP = """
+import sys, time
+from labkit.stopping import StopController
+
+step_s = float(sys.argv[1])
+with StopController(None) as stop:
+    try:
+        for step in range(1000):
+            print(f"start {step}", flush=True)
+            t_end = time.monotonic() + step_s
+            while time.monotonic() < t_end:      # the step's work; signals land in here
+                time.sleep(0.01)
+            print(f"end {step} requested={stop.stop_requested}", flush=True)
+            reason = stop.should_stop()
+            if reason:
+                print(f"stopped: {reason}", flush=True)
+                break
+    except KeyboardInterrupt as e:
+        print(f"interrupted in step {step}: {e}", flush=True)
+        sys.exit(130)
+"""
+
+
+def start_loop(tmp_path: Path, step_s: float) -> subprocess.Popen:
+    script = tmp_path / "loop.py"
+    script.write_text(textwrap.dedent(LOOP))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen(
+        [sys.executable, str(script), str(step_s)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+
+
+def read_until(proc: subprocess.Popen, prefix: str) -> list[str]:
+    lines = []
+    while True:
+        line = proc.stdout.readline()
+        assert line, f"the loop ended before printing {prefix!r}: {lines} {proc.stderr.read()}"
+        lines.append(line.strip())
+        if line.startswith(prefix):
+            return lines
+
+
+def test_sigterm_mid_step_finishes_the_step_then_exits(tmp_path):
+    proc = start_loop(tmp_path, step_s=1.0)
+    try:
+        lines = read_until(proc, "start 1")
+        proc.send_signal(signal.SIGTERM)          # step 1 has about 1 s of work left
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    lines += out.strip().splitlines()
+    assert proc.returncode == 0, err
+    assert lines == ["start 0", "end 0 requested=False", "start 1",
+                     "end 1 requested=True", "stopped: signal: SIGTERM"]
+    assert "SIGTERM: stopping after the step in progress" in err
+
+
+def test_second_sigterm_interrupts_the_step_at_once(tmp_path):
+    proc = start_loop(tmp_path, step_s=60.0)
+    try:
+        read_until(proc, "start 0")
+        proc.send_signal(signal.SIGTERM)
+        assert "stopping after the step in progress" in proc.stderr.readline()
+        t = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert time.monotonic() - t < 10              # not the 60 s the step would take
+    assert proc.returncode == 130, err
+    assert out.strip() == "interrupted in step 0: second signal (SIGTERM): interrupting the step in progress"
