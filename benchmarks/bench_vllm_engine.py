@@ -1,0 +1,186 @@
+"""Rollout speed of labkit's VLLMEngine against raw `vllm.LLM.generate`, plus the weight sync.
+
+Why: VLLMEngine wraps vLLM with a seed per prompt, processed (temperature-scaled) log-probs
+of the chosen tokens and the conversion to labkit Completions. This measures what that
+costs on one rollout of the recipe's shape (32 prompts x 8 answers), on one engine so that
+weights, KV cache and batch are the same for every variant:
+
+* `labkit`: VLLMEngine.generate, as the trainer calls it;
+* `raw_same`: llm.generate with the same per-prompt SamplingParams (seeds, logprobs=0),
+  outputs left as vLLM returns them: the difference to `labkit` is the wrapper's own cost;
+* `raw_plain`: llm.generate with one SamplingParams, no seed and no log-probs: the fastest
+  vLLM rollout, what seeded sampling and log-probs cost on top.
+
+Then it loads the trainer's copy of the model (float32 master weights, bf16 autocast on a
+GPU, as labkit.trainer does), times `update_weights` and reports the mean |engine -
+trainer| log-prob of sampled tokens after the sync (the trainer's
+`train/train_rollout_logprob_abs_diff`).
+
+Prompts are made-up arithmetic problems (labkit.data.synthetic_problems) in the chat template.
+
+    python benchmarks/bench_vllm_engine.py --model PATH --prompts 32 --n 8 --max-tokens 1024 \\
+        --gpu-memory-fraction 0.5 --out bench_vllm.json
+
+vLLM 0.24 on the H200 must run in-process: the script sets VLLM_ENABLE_V1_MULTIPROCESSING=0.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # before vllm is imported
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, help="local HF folder, GGUF file, or 'smollm2'")
+    p.add_argument("--prompts", type=int, default=32, help="prompts per rollout")
+    p.add_argument("--n", type=int, default=8, help="answers per prompt")
+    p.add_argument("--max-tokens", type=int, default=1024, help="most tokens per answer")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--gpu-memory-fraction", type=float, default=0.5)
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    p.add_argument("--repeats", type=int, default=3, help="timed rollouts per variant")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--no-sync", action="store_true", help="skip the weight-sync measurement")
+    p.add_argument("--out", default=None, help="write the JSON result here")
+    return p.parse_args(argv)
+
+
+def make_prompts(tokenizer, n: int, seed: int) -> list[list[int]]:
+    """Chat-template token ids of n made-up arithmetic problems."""
+    from labkit.data import build_messages, synthetic_problems
+
+    ids = []
+    for problem in synthetic_problems(n, steps=2, seed=seed):
+        out = tokenizer.apply_chat_template(build_messages(problem.question),
+                                            add_generation_prompt=True, tokenize=True)
+        ids.append(list(out["input_ids"] if hasattr(out, "keys") else out))
+    return ids
+
+
+def time_rollouts(name: str, run, repeats: int) -> dict:
+    """Run `run()` once untimed (warm-up), then `repeats` times; it returns tokens written."""
+    run()
+    seconds, tokens = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tokens.append(run())
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - start)
+    med = statistics.median(seconds)
+    mean_tokens = statistics.mean(tokens)
+    result = {"seconds": seconds, "median_seconds": med, "tokens": tokens,
+              "tokens_per_s": mean_tokens / med}
+    print(f"{name:10s} median {med:7.2f} s  {mean_tokens:9.0f} tokens  "
+          f"{result['tokens_per_s']:9.0f} tokens/s  (runs: {', '.join(f'{s:.2f}' for s in seconds)})",
+          flush=True)
+    return result
+
+
+def bench_generation(engine, prompts: list[list[int]], args) -> dict:
+    """Time the three variants on the same engine."""
+    from vllm import SamplingParams
+
+    from labkit.engines.base import Sampling
+
+    sampling = Sampling(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens,
+                        seed=args.seed)
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    same = [engine.sampling_params(sampling, i) for i in range(len(prompts))]
+    plain = SamplingParams(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens)
+
+    def labkit_run():
+        return sum(len(c.token_ids) for g in engine.generate(prompts, sampling) for c in g)
+
+    def raw(params):
+        outs = engine.llm.generate(requests, params, use_tqdm=False)
+        return sum(len(c.token_ids) for o in outs for c in o.outputs)
+
+    return {
+        "labkit": time_rollouts("labkit", labkit_run, args.repeats),
+        "raw_same": time_rollouts("raw_same", lambda: raw(same), args.repeats),
+        "raw_plain": time_rollouts("raw_plain", lambda: raw(plain), args.repeats),
+    }
+
+
+def bench_sync(engine, path: str, prompts: list[list[int]], args) -> dict:
+    """Time update_weights from the trainer's copy, then compare log-probs after it."""
+    from labkit.models import default_device, load_policy, pick_dtype
+
+    device = default_device()
+    policy = load_policy(path, torch.float32, device).eval()
+    seconds = []
+    for _ in range(3):
+        engine.update_weights(policy)
+        seconds.append(engine.stats["sync_seconds"])
+    print(f"sync       {', '.join(f'{s:.3f}' for s in seconds)} s "
+          f"({engine.stats['sync_tensors']} tensors)", flush=True)
+
+    from labkit.engines.base import Sampling
+
+    sample = engine.generate(prompts[:4], Sampling(n=2, temperature=args.temperature,
+                                                   max_tokens=min(args.max_tokens, 256), seed=7))
+    compute = pick_dtype(args.dtype, device)
+    diffs = []
+    for prompt, group in zip(prompts, sample):
+        for c in group:
+            ids = torch.tensor([prompt + c.token_ids], device=device)
+            with torch.no_grad(), torch.autocast(device.type, dtype=compute,
+                                                 enabled=compute != torch.float32):
+                logits = policy(ids).logits[0, len(prompt) - 1 : -1].float() / args.temperature
+            lp = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt):, None])[:, 0]
+            diffs.append((lp.cpu() - torch.tensor(c.logprobs)).abs())
+    diff = torch.cat(diffs)
+    print(f"logprob    |engine - trainer| mean {diff.mean():.2e}, max {diff.max():.2e}", flush=True)
+    return {"seconds": seconds, "tensors": engine.stats["sync_tensors"],
+            "logprob_abs_diff_mean": float(diff.mean()), "logprob_abs_diff_max": float(diff.max())}
+
+
+def describe_machine() -> dict:
+    import vllm
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"gpu": gpu, "cpu_count": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "vllm": vllm.__version__}
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    from labkit.engines.vllm import VLLMEngine
+    from labkit.models import load_tokenizer, resolve_model
+
+    path = resolve_model(args.model)
+    tokenizer = load_tokenizer(path)
+    prompts = make_prompts(tokenizer, args.prompts, args.seed)
+    longest = max(len(p) for p in prompts) + args.max_tokens
+    engine = VLLMEngine(path, dtype=args.dtype, gpu_memory_fraction=args.gpu_memory_fraction,
+                        seed=args.seed, max_model_len=longest)
+    print(f"engine     start {engine.stats['start_seconds']:.1f} s on {engine.device}, "
+          f"{engine.dtype}", flush=True)
+    result = {"machine": describe_machine(), "command": " ".join([sys.executable, *sys.argv]),
+              "config": vars(args), "engine_start_seconds": engine.stats["start_seconds"]}
+    result["generation"] = bench_generation(engine, prompts, args)
+    if not args.no_sync:
+        result["sync"] = bench_sync(engine, path, prompts, args)
+    engine.close()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"wrote {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

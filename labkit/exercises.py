@@ -1,0 +1,506 @@
+"""Exercises: grade a lesson's answers in its check cells, and write the students' copies.
+
+A lesson's exercise is a code cell whose answer sits between two marker lines::
+
+    ### BEGIN SOLUTION
+    global_batch_16 = recipe.rollout_batch_size * 16
+    ### END SOLUTION
+
+followed by a check cell, `labkit.exercises.check("1.1.1", global_batch_16, prompts=32)`.
+`check` never stores an answer: it computes the expected one from what the cell hands it
+with labkit's own functions (RunConfig's batch check, compute_advantages, replay,
+run_gains, ...), so an answer is judged on the student's data, and it explains the usual
+wrong answers in a hint. A right answer prints "Exercise 1.1.1: correct."; a wrong or
+missing one raises ExerciseError, which fails the cell, so nbval grades a notebook.
+
+`labkit students notebooks/` writes the students' copies (notebooks/students/): each
+solution block becomes `name = None` for the names it assigns (or a NotImplementedError
+when it assigns none), and the outputs of the exercise and check cells are cleared, since
+they would show the answer. `labkit students --check` fails when the committed copies are
+not what the sources give, which keeps them in step in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+BEGIN = "### BEGIN SOLUTION"
+END = "### END SOLUTION"
+STUDENTS = "students"  # default folder of the students' copies, inside the sources' folder
+_CHECK_RE = re.compile(r"""exercises\.check\(\s*["']([^"']+)["']""")
+
+
+class ExerciseError(AssertionError):
+    """An exercise answered wrong or not yet; the message says which exercise and gives a hint."""
+
+
+class _Wrong(Exception):
+    """Raised by a grader with the hint for this wrong answer."""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise: its id ("1.1.1": lesson 1.1, exercise 1), the task, a hint, a grader.
+
+    `grade(answer, **given)` returns when `answer` is right and raises _Wrong(hint) when not.
+    """
+
+    id: str
+    task: str
+    hint: str
+    grade: Callable[..., None]
+
+
+EXERCISES: dict[str, Exercise] = {}
+
+
+def exercise(id: str, task: str, hint: str):
+    """Register the decorated grader as exercise `id`."""
+    def register(grade: Callable[..., None]) -> Callable[..., None]:
+        EXERCISES[id] = Exercise(id, task, hint, grade)
+        return grade
+    return register
+
+
+def check(id: str, answer: Any, **given) -> None:
+    """Grade `answer` to exercise `id` against what `given` holds (runs, a log, a config).
+
+    Prints "Exercise <id>: correct." when right. Raises ExerciseError naming the exercise,
+    with a hint, when `answer` is wrong or still None / ... (not answered yet).
+    """
+    __tracebackhide__ = True  # IPython and pytest show the message, not this frame
+    if id not in EXERCISES:
+        raise KeyError(f"no exercise {id!r}; known: {', '.join(EXERCISES)}")
+    ex = EXERCISES[id]
+    if answer is None or answer is Ellipsis:
+        raise ExerciseError(f"Exercise {id}: not answered yet (replace None in the exercise "
+                            f"cell above). {ex.task} Hint: {ex.hint}")
+    try:
+        ex.grade(answer, **given)
+    except _Wrong as wrong:
+        raise ExerciseError(f"Exercise {id}: not yet. {wrong} Hint: {ex.hint}") from None
+    print(f"Exercise {id}: correct.")
+
+
+# ====================================================================== helpers for graders
+def _number(answer: Any, what: str) -> float:
+    """`answer` as a float (a number, a numpy scalar, a one-element tensor or Series)."""
+    if isinstance(answer, bool) or isinstance(answer, str):
+        raise _Wrong(f"the answer is {answer!r}; give {what} as a number.")
+    item = getattr(answer, "item", None)
+    try:
+        value = float(item() if callable(item) else answer)
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of many numbers
+        raise _Wrong(f"the answer is a {type(answer).__name__}; give {what} as one number.") from None
+    if not math.isfinite(value):
+        raise _Wrong(f"the answer is {value}; give {what} as a finite number.")
+    return value
+
+
+def _whole(answer: Any, what: str) -> int:
+    value = _number(answer, what)
+    if value != int(value):
+        raise _Wrong(f"{value:g} is not a whole number; {what} is a count.")
+    return int(value)
+
+
+def _close(a: float, b: float, tol: float = 1e-6) -> bool:
+    return math.isclose(a, b, rel_tol=tol, abs_tol=tol)
+
+
+def _metrics(run) -> "Any":
+    """The per-step metrics frame of a Run, or the frame itself."""
+    return run.metrics if hasattr(run, "metrics") and hasattr(run, "dir") else run
+
+
+# ====================================================================== lesson 1.1
+@exercise("1.1.1", "Set no_signal to the number of groups in `rewards` whose answers all got "
+          "the same reward.",
+          "labkit.grpo.compute_advantages(rewards).zero_std marks those groups; .sum() counts "
+          "them. All-0 and all-1 groups both teach nothing.")
+def _grade_no_signal(answer, *, rewards) -> None:
+    from labkit.grpo import compute_advantages
+
+    n = _whole(answer, "the number of groups")
+    zero_std = compute_advantages(rewards).zero_std
+    expected = int(zero_std.sum())
+    all_zero = int((rewards == 0).all(dim=1).sum())
+    all_one = int((rewards == 1).all(dim=1).sum())
+    if n == expected:
+        return
+    if n == len(zero_std) - expected:
+        raise _Wrong(f"{n} is the number of groups that do teach something.")
+    if n in (all_zero, all_one) and all_zero != all_one:
+        raise _Wrong(f"{n} counts only the all-{0 if n == all_zero else 1} groups.")
+    raise _Wrong(f"{n} is not the count of groups with one reward for every answer.")
+
+
+@exercise("1.1.2", "Set global_batch_16 to the --global-batch-size that gives exactly one "
+          "optimizer step per rollout for 16 answers per prompt at the recipe's prompts.",
+          "the global batch counts every answer of a rollout: prompts x answers per prompt.")
+def _grade_global_batch(answer, *, prompts: int = 32, answers: int = 16) -> None:
+    from labkit.config import ConfigError, RunConfig
+
+    g = _whole(answer, "the global batch")
+    if g == answers:
+        raise _Wrong(f"{g} is the group size (answers per prompt), not the global batch.")
+    if g == prompts:
+        raise _Wrong(f"{g} is the prompts per rollout, not the global batch.")
+    cfg = RunConfig(rollout_batch_size=prompts, n_samples_per_prompt=answers,
+                    global_batch_size=g, micro_batch_size=min(8, max(g, 1)))
+    try:
+        cfg.check()
+    except ConfigError as e:
+        raise _Wrong(f"RunConfig refuses it: {e}.") from None
+    if cfg.steps_per_rollout != 1:
+        raise _Wrong(f"--global-batch-size {g} is valid, but a rollout of {prompts} x {answers} "
+                     f"then makes {cfg.steps_per_rollout} optimizer steps, not one.")
+
+
+@exercise("1.1.3", "Set rollout_share to the share of the run's wall time spent in the rollout: "
+          "the sum of perf/rollout_time over all steps divided by the sum of perf/step_time.",
+          "run.metrics['perf/rollout_time'].sum() / run.metrics['perf/step_time'].sum(), a number "
+          "between 0 and 1.")
+def _grade_rollout_share(answer, *, run) -> None:
+    m = _metrics(run)
+    share = _number(answer, "the share")
+    rollout, step = m["perf/rollout_time"].astype(float), m["perf/step_time"].astype(float)
+    expected = rollout.sum() / step.sum()
+    if _close(share, expected, 1e-4):
+        return
+    if _close(share, 100 * expected, 1e-4):
+        raise _Wrong("that is a percentage; give the share as a fraction between 0 and 1.")
+    if _close(share, 1 / expected, 1e-4):
+        raise _Wrong("that is step time / rollout time, upside down.")
+    if _close(share, float((rollout / step).mean()), 1e-4):
+        raise _Wrong("that is the mean of the per-step shares; divide the sums instead, so a "
+                     "long step weighs more.")
+    raise _Wrong(f"{share:.4g} is not the rollout's share of the step time.")
+
+
+# ====================================================================== lesson 1.2
+@exercise("1.2.1", "Set waited to the longest a request can wait in total, under `policy`, "
+          "before its 5th attempt.",
+          "the waits come after failed attempts 1, 2, 3 and 4; the longest wait after attempt k "
+          "is policy.ceiling(k).")
+def _grade_waited(answer, *, policy) -> None:
+    waited = _number(answer, "the total wait in seconds")
+    waits = [policy.ceiling(k) for k in range(1, 6)]
+    if _close(waited, sum(waits[:4])):
+        return
+    if _close(waited, waits[3]):
+        raise _Wrong("that is only the last wait; add the waits before it.")
+    if _close(waited, sum(waits)):
+        raise _Wrong("that includes the wait after the 5th attempt too.")
+    if _close(waited, sum(waits[:3])):
+        raise _Wrong("that stops one wait short: attempt 5 comes after 4 failed attempts.")
+    raise _Wrong(f"{waited:g} s is not the sum of the longest waits before attempt 5.")
+
+
+@exercise("1.2.2", "Set bursts_30 to the number of bursts the watchdog finds in the incident "
+          "when a gap of more than 30 s (not 5 s) ends a burst.",
+          "labkit.watchdog.replay(INCIDENT, burst_gap=30).bursts has one row per burst.")
+def _grade_bursts(answer, *, log) -> None:
+    from labkit.watchdog import replay
+
+    n = _whole(answer, "the number of bursts")
+    expected = len(replay(log, burst_gap=30.0).bursts)
+    if n == expected:
+        return
+    default = len(replay(log).bursts)
+    if n == default and default != expected:
+        raise _Wrong(f"{n} is the count at the default gap of 5 s; pass burst_gap=30.")
+    if n > default:
+        raise _Wrong("a longer gap can only merge bursts, so there cannot be more than at 5 s.")
+    raise _Wrong(f"{n} is not the number of rows of the burst table at burst_gap=30.")
+
+
+@exercise("1.2.3", "Set lowered to the number of times the watchdog would have lowered the "
+          "open-request limit during the incident under Policy(on_burst='lower').",
+          "replay(INCIDENT, policy=Policy(on_burst='lower')).decisions has an `action` column; "
+          "count the 'lower' rows.")
+def _grade_lowered(answer, *, log) -> None:
+    from labkit.watchdog import Policy, replay
+
+    n = _whole(answer, "the number of times")
+    actions = replay(log, policy=Policy(on_burst="lower")).decisions["action"]
+    expected = int((actions == "lower").sum())
+    if n == expected:
+        return
+    if n == len(actions):
+        raise _Wrong(f"{n} counts every decision; count only the 'lower' ones.")
+    if n == int((replay(log).decisions["action"] == "lower").sum()):
+        raise _Wrong("that is what the default policy (keep) does; replay with "
+                     "policy=Policy(on_burst='lower').")
+    raise _Wrong(f"{n} is not the number of 'lower' decisions.")
+
+
+# ====================================================================== lesson 1.3
+@exercise("1.3.1", "Set extra_args_16 to the MILES_EXTRA_ARGS text that runs 16 answers per "
+          "prompt with exactly one optimizer step per rollout.",
+          "two flags: --n-samples-per-prompt and --global-batch-size (prompts x answers).")
+def _grade_extra_args(answer, *, prompts: int = 32) -> None:
+    from labkit.config import ConfigError, config_from_args
+
+    if not isinstance(answer, str):
+        raise _Wrong(f"the answer is {answer!r}; give the flags as one string, like the "
+                     f"course's \"--n-samples-per-prompt 4 --global-batch-size 128\".")
+    try:
+        cfg = config_from_args(["--rollout-batch-size", str(prompts)],
+                               env={"MILES_EXTRA_ARGS": answer})
+    except ConfigError as e:
+        raise _Wrong(f"the launcher refuses it: {e}.") from None
+    if cfg.n_samples_per_prompt != 16:
+        raise _Wrong(f"these flags run {cfg.n_samples_per_prompt} answers per prompt, not 16.")
+    if cfg.steps_per_rollout != 1:
+        raise _Wrong(f"--global-batch-size {cfg.global_batch_size} gives "
+                     f"{cfg.steps_per_rollout} optimizer steps per rollout, not one.")
+
+
+@exercise("1.3.2", "Set gain to the gain of run RUN from its log: the mean reward of steps "
+          "16-23 minus the mean reward of steps 0-7.",
+          "select the run's rows (runs[runs.run == RUN]), then its rollout/raw_reward on "
+          "rollout/step 16-23 and on 0-7, both ends included.")
+def _grade_gain(answer, *, runs, run: str) -> None:
+    import numpy as np
+
+    from labkit.analysis import REWARD, STEP, run_gains
+
+    gain = _number(answer, "the gain")
+    rows = runs[runs["run"] == run]
+    if rows.empty:
+        raise _Wrong(f"no run named {run!r} in the runs handed to check().")
+    expected = float(run_gains(rows, n_boot=1).gain.iat[0])
+    if _close(gain, expected):
+        return
+    if _close(gain, -expected):
+        raise _Wrong("the sign is flipped: late window minus early window.")
+    reward = rows.set_index(STEP)[REWARD].astype(float)
+
+    def mean(a, b):
+        return float(reward.loc[(reward.index >= a) & (reward.index <= b)].mean())
+
+    if _close(gain, mean(16, int(reward.index.max())) - mean(0, 7)) and reward.index.max() > 23:
+        raise _Wrong("the late window stops at step 23; this run goes on past it.")
+    if _close(gain, mean(16, 22) - mean(0, 6)) or _close(gain, mean(17, 23) - mean(1, 7)):
+        raise _Wrong("each window has 8 steps, both ends included.")
+    if np.isclose(gain, mean(0, 7)) or np.isclose(gain, mean(16, 23)):
+        raise _Wrong("that is one window's mean; subtract the other.")
+    raise _Wrong(f"{gain:+.4f} is not the late mean minus the early mean of {run}.")
+
+
+@exercise("1.3.3", "Set common to the sorted list of step numbers, among steps 0-23, that are "
+          "clean in both runs A and B.",
+          "a step is clean where the `clean` column is True; intersect the two runs' sets of "
+          "rollout/step and keep steps up to 23.")
+def _grade_common(answer, *, runs, a: str, b: str) -> None:
+    from labkit.analysis import STEP
+
+    try:
+        steps = sorted(int(s) for s in answer)
+    except (TypeError, ValueError):
+        raise _Wrong("give the steps as a list of whole numbers, e.g. [0, 1, 4].") from None
+
+    def clean(name: str, last: Optional[int] = 23) -> set[int]:
+        r = runs[runs["run"] == name]
+        if last is not None:
+            r = r[r[STEP] <= last]
+        return set(r.loc[r["clean"].astype(bool), STEP].astype(int))
+
+    expected = sorted(clean(a) & clean(b))
+    if steps == expected:
+        return
+    if steps == sorted(clean(a, None) & clean(b, None)):
+        raise _Wrong("only steps 0-23 are compared; drop the later ones.")
+    if steps in (sorted(clean(a)), sorted(clean(b))):
+        raise _Wrong("those are the clean steps of one run; keep the steps clean in both.")
+    if steps == sorted(clean(a) | clean(b)):
+        raise _Wrong("that is the union; keep only the steps clean in both runs.")
+    raise _Wrong(f"{len(steps)} steps given; the common clean steps are {len(expected)}.")
+
+
+# ====================================================================== students' copies
+def student_source(source: str, id: str) -> str:
+    """A code cell's source with each solution block replaced by its placeholder.
+
+    The placeholder of a block is `name = None  # Exercise <id>: your answer` for each name
+    the block assigns at its top level, or `raise NotImplementedError("Exercise <id>: ...")`
+    when it assigns none. Raises ValueError for markers that do not pair up.
+    """
+    lines = source.split("\n")
+    out, block, indent = [], None, ""
+    for number, line in enumerate(lines, 1):
+        mark = line.strip()
+        if mark == BEGIN:
+            if block is not None:
+                raise ValueError(f"line {number}: {BEGIN} inside another solution block")
+            block, indent = [], line[: len(line) - len(line.lstrip())]
+        elif mark == END:
+            if block is None:
+                raise ValueError(f"line {number}: {END} without {BEGIN}")
+            out += [indent + p for p in _placeholder(block, id, indent)]
+            block = None
+        elif block is not None:
+            block.append(line)
+        else:
+            out.append(line)
+    if block is not None:
+        raise ValueError(f"{BEGIN} without {END}")
+    return "\n".join(out)
+
+
+def _placeholder(block: list[str], id: str, indent: str) -> list[str]:
+    text = "\n".join(b[len(indent):] if b.startswith(indent) else b.lstrip() for b in block)
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as e:
+        raise ValueError(f"exercise {id}: the solution block is not valid Python ({e})") from None
+    names: list[str] = []
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+        for t in targets:
+            for n in ast.walk(t):
+                if isinstance(n, ast.Name) and n.id not in names:
+                    names.append(n.id)
+    if not names:
+        return [f'raise NotImplementedError("Exercise {id}: write your solution here")']
+    return [f"{name} = None  # Exercise {id}: your answer" for name in names]
+
+
+def student_notebook(nb: dict, *, source_name: str = "") -> dict:
+    """The students' copy of a notebook (a dict as stored): solutions replaced, the outputs of
+    exercise and check cells cleared, a first cell that says how to grade it. The rest is kept."""
+    nb = json.loads(json.dumps(nb))  # a deep copy
+    cells = nb["cells"]
+    for i, cell in enumerate(cells):
+        if cell["cell_type"] != "code":
+            continue
+        text = _text(cell)
+        solution = any(line.strip() == BEGIN for line in text.split("\n"))
+        if solution:
+            found = _following_check(cells, i)
+            id = found[0] if found else "?"
+            try:
+                cell["source"] = _lines(student_source(text, id))
+            except ValueError as e:
+                raise ValueError(f"{source_name or 'notebook'} cell {i}: {e}") from None
+        if solution or _CHECK_RE.search(text):
+            cell["outputs"], cell["execution_count"] = [], None
+    name = source_name or "the source notebook"
+    cells.insert(0, {
+        "cell_type": "markdown", "id": "students-copy", "metadata": {},
+        "source": _lines(
+            f"**Student copy** of `{name}`, written by `labkit students`: the exercises are "
+            f"yours to solve. Replace each `None` marked `# Exercise ...` with your answer; "
+            f"the check cell below it says `correct.` or gives a hint.\n\n"
+            f"Grade the whole notebook from the repository folder with\n"
+            f"`pytest --nbval-lax --nbval-current-env notebooks/{STUDENTS}/{name}`"),
+    })
+    nb.setdefault("metadata", {})["labkit"] = {"student_copy_of": name}
+    return nb
+
+
+def _following_check(cells: list[dict], i: int) -> list[str]:
+    """The exercise id of the first check call at or after cell i."""
+    for cell in cells[i:]:
+        if cell["cell_type"] == "code":
+            found = _CHECK_RE.findall(_text(cell))
+            if found:
+                return found
+    return []
+
+
+def _text(cell: dict) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def _lines(text: str) -> list[str]:
+    """Source text as the list of lines Jupyter stores."""
+    return text.splitlines(keepends=True)
+
+
+def dumps(nb: dict) -> str:
+    """A notebook as Jupyter writes it (indent 1, sorted keys, a final newline)."""
+    return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def student_texts(src_dir: Path) -> dict[str, str]:
+    """{file name: students' copy as text} for every *.ipynb directly in src_dir."""
+    out = {}
+    for path in sorted(Path(src_dir).glob("*.ipynb")):
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        out[path.name] = dumps(student_notebook(nb, source_name=path.name))
+    return out
+
+
+def write_students(src_dir: Path, out_dir: Optional[Path] = None) -> list[Path]:
+    """Write the students' copies of src_dir's notebooks into out_dir (default
+    src_dir/students); returns the paths written."""
+    out_dir = Path(out_dir) if out_dir else Path(src_dir) / STUDENTS
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in student_texts(Path(src_dir)).items():
+        (out_dir / name).write_text(text, encoding="utf-8")
+        written.append(out_dir / name)
+    return written
+
+
+def stale_students(src_dir: Path, out_dir: Optional[Path] = None) -> list[str]:
+    """What differs between the copies in out_dir and what src_dir's notebooks give: one line
+    per stale, missing or extra file (empty when they match)."""
+    out_dir = Path(out_dir) if out_dir else Path(src_dir) / STUDENTS
+    wanted = student_texts(Path(src_dir))
+    problems = []
+    for name, text in wanted.items():
+        path = out_dir / name
+        if not path.exists():
+            problems.append(f"{path}: missing")
+        elif path.read_text(encoding="utf-8") != text:
+            problems.append(f"{path}: stale (its source {name} changed)")
+    for path in sorted(out_dir.glob("*.ipynb")) if out_dir.is_dir() else []:
+        if path.name not in wanted:
+            problems.append(f"{path}: extra (no source notebook {path.name})")
+    return problems
+
+
+def students_main(argv: Sequence[str] | None = None) -> int:
+    """`labkit students SRC_DIR [--out DIR] [--check]`: write (or check) the students' copies.
+    Returns 0, 1 when --check finds stale copies, 2 for a bad SRC_DIR or notebook."""
+    p = argparse.ArgumentParser(prog="labkit students", description=__doc__.split("\n")[0])
+    p.add_argument("src", help="folder of the source notebooks (with solutions), e.g. notebooks/")
+    p.add_argument("--out", default=None, help=f"folder for the copies (default: SRC/{STUDENTS})")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 when the copies differ from what SRC gives")
+    a = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    src = Path(a.src)
+    if not src.is_dir() or not any(src.glob("*.ipynb")):
+        print(f"labkit students: {src} holds no .ipynb notebook; name the folder of the "
+              f"lessons, e.g. notebooks/", file=sys.stderr)
+        return 2
+    try:
+        if a.check:
+            problems = stale_students(src, a.out)
+            for line in problems:
+                print(line)
+            if problems:
+                print(f"the students' copies are out of date; run: labkit students {src}"
+                      + (f" --out {a.out}" if a.out else ""), file=sys.stderr)
+                return 1
+            print(f"students' copies up to date ({len(student_texts(src))} notebooks)")
+            return 0
+        for path in write_students(src, a.out):
+            print(f"wrote {path}")
+    except (ValueError, json.JSONDecodeError) as e:
+        print(f"labkit students: {e}", file=sys.stderr)
+        return 2
+    return 0

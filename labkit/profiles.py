@@ -1,0 +1,160 @@
+"""Profiles: the run a lesson launches, the GPU recipe or a CPU run that ends in a minute.
+
+A lesson is written once and runs on two kinds of machine. On the course's H200 it
+launches the recipe as written (`gpu`: `RunConfig()`, Qwen2.5-0.5B-Instruct, 32 prompts
+x 8 answers, 24 steps). On a laptop or a CI runner with no GPU it launches the same loop
+on the embedded SmolLM2-135M (`cpu`: synthetic problems, 2 prompts x 4 answers, 48
+tokens, one step), so every cell runs and every exercise can be graded. The first cell of
+each notebook is `PROFILE = labkit.profiles.pick()`: the GPU when there is one, else the
+CPU, and the environment variable LABKIT_PROFILE overrides both.
+
+The lessons also need to find the course's data from wherever the notebook is opened
+(notebooks/ or notebooks/students/): the raw runs (data/runs, or LABKIT_RUNS_DIR, which
+is how tests and CI point a lesson at constructed runs) and the recorded 503 incident
+(data/incidents).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping, Optional
+
+from labkit.config import EMBEDDED_MODEL, RECIPE_MODEL, ConfigError, RunConfig
+
+PROFILE_ENV = "LABKIT_PROFILE"
+RUNS_ENV = "LABKIT_RUNS_DIR"
+
+# Each profile is the changes it makes to RunConfig(), so it shows what it changes.
+PROFILES: dict[str, dict] = {
+    # The course's recipe as written: RunConfig() defaults, Qwen2.5-0.5B-Instruct, 24 steps.
+    "gpu": dict(model=RECIPE_MODEL),
+    # The embedded model on made-up one-step problems: one short step on 2 CPU cores.
+    "cpu": dict(
+        model=EMBEDDED_MODEL, data="synthetic", synthetic_steps=1, engine="hf",
+        rollout_batch_size=2, n_samples_per_prompt=4, global_batch_size=8, micro_batch_size=8,
+        num_rollout=1, rollout_max_response_len=48, lr=1e-5, eval_split_size=8,
+    ),
+}
+WHAT = {
+    "gpu": f"the recipe: {RECIPE_MODEL}, 32 prompts x 8 answers, 24 steps",
+    "cpu": f"{EMBEDDED_MODEL} (SmolLM2-135M) on synthetic problems, 2 prompts x 4 answers, "
+           f"48 tokens, 1 step",
+}
+
+
+def has_gpu() -> bool:
+    """True when torch sees a CUDA device."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pick(env: Optional[Mapping[str, str]] = None, *, gpu: Optional[bool] = None,
+         say: bool = True) -> str:
+    """The profile a lesson runs: $LABKIT_PROFILE when set, else "gpu" with a GPU, else "cpu".
+
+    `env` (default os.environ) and `gpu` (default: ask torch) are for tests. With `say`,
+    prints one line naming the profile, why it was chosen and how to change it.
+    Raises ConfigError for a LABKIT_PROFILE that names no profile.
+    """
+    env = os.environ if env is None else env
+    gpu = has_gpu() if gpu is None else gpu
+    asked = (env.get(PROFILE_ENV) or "").strip().lower()
+    if asked:
+        if asked not in PROFILES:
+            raise ConfigError(f"{PROFILE_ENV}={asked!r} names no profile; use one of: "
+                              f"{', '.join(PROFILES)} (or unset it to choose by hardware)")
+        name, why = asked, f"{PROFILE_ENV}={asked}"
+        if name == "gpu" and not gpu:
+            why += "; no GPU is visible, so launching will be very slow or fail"
+    else:
+        name = "gpu" if gpu else "cpu"
+        why = ("a GPU is visible" if gpu else "no GPU here") + \
+              f"; set {PROFILE_ENV}={'cpu' if gpu else 'gpu'} to change it"
+    if say:
+        print(f"profile: {name} ({why})\n  runs {WHAT[name]}")
+    return name
+
+
+def plain_warnings() -> None:
+    """Show warnings as "UserWarning: message", without the file and line they came from.
+
+    The file path changes from machine to machine (and, for a notebook cell, from kernel to
+    kernel), so a lesson graded by nbval shows a warning the same way everywhere.
+    """
+    import warnings
+
+    def short(message, category, filename, lineno, line=None) -> str:
+        return f"{category.__name__}: {message}\n"
+
+    warnings.formatwarning = short
+
+
+def config(profile: str, **changes) -> RunConfig:
+    """The RunConfig a lesson launches for `profile` ("gpu" or "cpu"), with `changes` on top.
+
+    Runs go to the repository's runs/ folder (ignored by git) unless `output_dir` is given.
+    The config is checked, so a change that breaks the batch arithmetic raises ConfigError.
+    """
+    if profile not in PROFILES:
+        raise ConfigError(f"unknown profile {profile!r}; use one of: {', '.join(PROFILES)}")
+    values = {"output_dir": str(course_root() / "runs"), **PROFILES[profile], **changes}
+    return RunConfig().replace(**values).check()
+
+
+# ------------------------------------------------------------------ where the data lives
+def course_root(start: Optional[Path] = None) -> Path:
+    """The repository folder: the first of `start` (default: the working folder) and its
+    parents that holds both notebooks/ and labkit/; else the folder above the labkit
+    package (an editable install)."""
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "notebooks").is_dir() and (folder / "labkit").is_dir():
+            return folder
+    return Path(__file__).resolve().parents[1]
+
+
+def runs_dir(env: Optional[Mapping[str, str]] = None) -> Path:
+    """The folder of raw runs a lesson compares: $LABKIT_RUNS_DIR when set, else data/runs."""
+    env = os.environ if env is None else env
+    given = env.get(RUNS_ENV)
+    return Path(given).expanduser() if given else course_root() / "data" / "runs"
+
+
+def recorded_incidents(folder: Optional[Path] = None) -> list[Path]:
+    """The recorded client logs in `folder` (default data/incidents): *.jsonl files whose
+    name does not say "constructed", sorted by name."""
+    folder = Path(folder) if folder else course_root() / "data" / "incidents"
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob("*.jsonl") if "constructed" not in p.name)
+
+
+def incident_log(name: Optional[str] = None, *, folder: Optional[Path] = None,
+                 scratch: Optional[Path] = None) -> Path:
+    """The client log lesson 1.2 replays.
+
+    `name` (a file stem or name in data/incidents) picks a recording; without it the first
+    recording there is taken. With no recording at all, the constructed course scenario
+    (labkit.incidents.course_scenario: made up, not measured) is written to
+    `scratch`/course.constructed.jsonl (default: out/incidents, ignored by git) and that
+    path is returned; replay() and the timeline label it CONSTRUCTED.
+    Raises FileNotFoundError for a `name` that is not there.
+    """
+    recorded = recorded_incidents(folder)
+    if name is not None:
+        for path in recorded:
+            if name in (path.name, path.stem):
+                return path
+        have = ", ".join(p.name for p in recorded) or "none"
+        raise FileNotFoundError(f"no recorded incident {name!r} in "
+                                f"{folder or 'data/incidents'} (recordings there: {have})")
+    if recorded:
+        return recorded[0]
+    from labkit.incidents import course_scenario, write_scenario
+
+    scratch = Path(scratch) if scratch else course_root() / "out" / "incidents"
+    return write_scenario(scratch / "course.constructed.jsonl", course_scenario())

@@ -1,0 +1,403 @@
+"""Tests of labkit.exercises (graders, students' copies, --check) and labkit.profiles."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from labkit import exercises, profiles
+from labkit.client import RetryPolicy
+from labkit.exercises import ExerciseError, check, student_notebook, student_source
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / "notebooks"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def wrong(id: str, answer, **given) -> str:
+    """The message of the ExerciseError that `answer` raises."""
+    with pytest.raises(ExerciseError) as e:
+        check(id, answer, **given)
+    return str(e.value)
+
+
+# ====================================================================== check()
+def test_check_prints_the_verdict(capsys):
+    check("1.1.2", 512, prompts=32, answers=16)
+    assert capsys.readouterr().out == "Exercise 1.1.2: correct.\n"
+
+
+def test_unanswered_names_the_exercise_and_gives_the_hint():
+    message = wrong("1.1.2", None, prompts=32, answers=16)
+    assert message.startswith("Exercise 1.1.2: not answered yet (replace None")
+    assert "replace None" in message
+    assert "prompts x answers per prompt" in message  # the exercise's hint
+
+
+def test_unknown_exercise_lists_the_known_ones():
+    with pytest.raises(KeyError, match="1.1.1"):
+        check("9.9.9", 1)
+
+
+def test_global_batch_hints():
+    assert "is the group size" in wrong("1.1.2", 16, prompts=32, answers=16)
+    assert "is the prompts per rollout" in wrong("1.1.2", 32, prompts=32, answers=16)
+    assert "makes 2 optimizer steps" in wrong("1.1.2", 256, prompts=32, answers=16)
+    assert "RunConfig refuses it" in wrong("1.1.2", 500, prompts=32, answers=16)
+    assert "not a whole number" in wrong("1.1.2", 512.5, prompts=32, answers=16)
+
+
+def test_no_signal_counts_all_zero_and_all_one_groups(capsys):
+    rewards = torch.tensor([[0., 0, 0, 0], [0, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0],
+                            [1, 0, 1, 1], [0, 1, 1, 0], [1, 0, 0, 0]])
+    check("1.1.1", torch.tensor(3), rewards=rewards)  # a tensor answer is fine
+    assert "correct" in capsys.readouterr().out
+    assert "only the all-0 groups" in wrong("1.1.1", 2, rewards=rewards)
+    assert "only the all-1 groups" in wrong("1.1.1", 1, rewards=rewards)
+    assert "groups that do teach" in wrong("1.1.1", 4, rewards=rewards)
+
+
+def test_rollout_share_from_the_log():
+    metrics = pd.DataFrame({"perf/rollout_time": [3.0, 1.0], "perf/step_time": [4.0, 4.0]})
+    check("1.1.3", 0.5, run=metrics)
+    assert "percentage" in wrong("1.1.3", 50.0, run=metrics)
+    assert "upside down" in wrong("1.1.3", 2.0, run=metrics)
+    assert "mean of the per-step shares" in wrong("1.1.3", 0.625, run=pd.DataFrame(
+        {"perf/rollout_time": [3.0, 1.0], "perf/step_time": [4.0, 2.0]}))
+
+
+def test_backoff_wait_before_the_fifth_attempt():
+    policy = RetryPolicy(base_s=0.5, cap_s=8.0)
+    check("1.2.1", 0.5 + 1 + 2 + 4, policy=policy)
+    assert "only the last wait" in wrong("1.2.1", 4.0, policy=policy)
+    assert "after the 5th attempt" in wrong("1.2.1", 15.5, policy=policy)
+    capped = RetryPolicy(base_s=1.0, cap_s=2.0)  # the cap changes the answer: 1 + 2 + 2 + 2
+    check("1.2.1", 7.0, policy=capped)
+
+
+@pytest.fixture(scope="module")
+def incident(tmp_path_factory) -> Path:
+    """A constructed log with bursts 0-10 s, 20-27 s (gap 10 s) and 100-110 s (gap 73 s)."""
+    from labkit.incidents import BurstSpec, make_scenario, write_scenario
+
+    bursts = [BurstSpec(0.0, 10.0, 5.0), BurstSpec(20.0, 7.0, 5.0), BurstSpec(100.0, 10.0, 5.0)]
+    events = make_scenario(bursts, steps=1, step_s=150.0, requests=64, seed=3)
+    return write_scenario(tmp_path_factory.mktemp("log") / "three.constructed.jsonl", events)
+
+
+def test_burst_count_at_another_gap(incident):
+    from labkit.watchdog import replay
+
+    assert len(replay(incident).bursts) == 3
+    assert len(replay(incident, burst_gap=30).bursts) == 2
+    check("1.2.2", 2, log=incident)
+    assert "default gap of 5 s" in wrong("1.2.2", 3, log=incident)
+    assert "only merge bursts" in wrong("1.2.2", 4, log=incident)
+
+
+def test_lowered_counts_lower_decisions_only(incident):
+    check("1.2.3", 3, log=incident)
+    assert "counts every decision" in wrong("1.2.3", 6, log=incident)  # 3 lower + 3 restore
+    assert "default policy" in wrong("1.2.3", 0, log=incident)
+
+
+def test_extra_args_line():
+    check("1.3.1", "--n-samples-per-prompt 16 --global-batch-size 512", prompts=32)
+    assert "2 optimizer steps" in wrong("1.3.1", "--n-samples-per-prompt 16", prompts=32)
+    assert "8 answers per prompt" in wrong("1.3.1", "--n-samples-per-prompt 8 --global-batch-size 256")
+    assert "refuses it" in wrong("1.3.1", "--n-samples-per-prompt 16 --global-batch-size 500")
+    assert "one string" in wrong("1.3.1", 512)
+
+
+@pytest.fixture(scope="module")
+def course_runs(tmp_path_factory) -> pd.DataFrame:
+    from fixtures_runs import write_course_runs
+
+    from labkit.analysis import load_runs
+
+    return load_runs(write_course_runs(tmp_path_factory.mktemp("course")))
+
+
+def test_gain_of_one_run(course_runs):
+    check("1.3.2", 0.038, runs=course_runs, run="n8-seed1")
+    assert "sign is flipped" in wrong("1.3.2", -0.038, runs=course_runs, run="n8-seed1")
+    # the 48-step run with noise, its steps after 23 raised: a late window running on is a slip
+    runs = course_runs.copy()
+    mine = runs.run == "n8-seed1234"
+    noise = np.random.default_rng(0).normal(0, 0.05, mine.sum())
+    runs.loc[mine, "rollout/raw_reward"] += noise + 0.1 * (runs.loc[mine, "rollout/step"] > 23)
+    reward = runs[runs.run == "n8-seed1234"].set_index("rollout/step")["rollout/raw_reward"]
+    check("1.3.2", reward.loc[16:23].mean() - reward.loc[0:7].mean(), runs=runs, run="n8-seed1234")
+    too_long = reward.loc[16:].mean() - reward.loc[0:7].mean()
+    assert "stops at step 23" in wrong("1.3.2", too_long, runs=runs, run="n8-seed1234")
+    assert "8 steps" in wrong("1.3.2", reward.loc[16:22].mean() - reward.loc[0:6].mean(),
+                              runs=runs, run="n8-seed1234")
+    assert "no run named" in wrong("1.3.2", 0.1, runs=course_runs, run="n3-nope")
+
+
+def test_common_clean_steps_of_two_runs():
+    def rows(name: str, dirty: set[int], steps: int) -> pd.DataFrame:
+        return pd.DataFrame({"run": name, "group_size": 8, "rollout/step": range(steps),
+                             "clean": [s not in dirty for s in range(steps)]})
+
+    runs = pd.concat([rows("a", {1, 2}, 30), rows("b", {2, 3, 25}, 30)], ignore_index=True)
+    both = [s for s in range(24) if s not in (1, 2, 3)]
+    check("1.3.3", both, runs=runs, a="a", b="b")
+    check("1.3.3", set(both), runs=runs, a="a", b="b")  # any collection of the steps
+    assert "only steps 0-23" in wrong("1.3.3", both + [24, 26, 27, 28, 29], runs=runs, a="a", b="b")
+    assert "clean steps of one run" in wrong("1.3.3", [s for s in range(24) if s not in (1, 2)],
+                                             runs=runs, a="a", b="b")
+    assert "the union" in wrong("1.3.3", [s for s in range(24) if s != 2], runs=runs, a="a", b="b")
+    assert "list of whole numbers" in wrong("1.3.3", 7, runs=runs, a="a", b="b")
+    assert "common clean steps are 21" in wrong("1.3.3", [0], runs=runs, a="a", b="b")
+
+
+# ====================================================================== students' copies
+SOLVED = """rewards = [1, 2]
+### BEGIN SOLUTION
+total = sum(rewards)
+double = 2 * total
+### END SOLUTION
+print("after")"""
+
+
+def test_student_source_replaces_the_block_and_keeps_the_rest():
+    out = student_source(SOLVED, "1.1.1")
+    assert out.split("\n") == [
+        "rewards = [1, 2]",
+        "total = None  # Exercise 1.1.1: your answer",
+        "double = None  # Exercise 1.1.1: your answer",
+        'print("after")',
+    ]
+
+
+def test_student_source_without_assignment_raises_not_implemented():
+    out = student_source("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION", "2.1")
+    assert out == 'def f():\n    raise NotImplementedError("Exercise 2.1: write your solution here")'
+
+
+@pytest.mark.parametrize("text", ["### BEGIN SOLUTION\nx = 1", "x = 1\n### END SOLUTION",
+                                  "### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION"])
+def test_unpaired_markers_are_refused(text):
+    with pytest.raises(ValueError, match="SOLUTION"):
+        student_source(text, "1.1.1")
+
+
+def cell(kind: str, text: str, outputs=None, count=None, tags=None) -> dict:
+    c = {"cell_type": kind, "id": f"id{abs(hash(text)) % 10**8}", "metadata": {},
+         "source": text.splitlines(keepends=True)}
+    if tags:
+        c["metadata"]["tags"] = tags
+    if kind == "code":
+        c["outputs"], c["execution_count"] = outputs or [], count
+    return c
+
+
+def stream(text: str) -> list[dict]:
+    return [{"name": "stdout", "output_type": "stream", "text": [text]}]
+
+
+def lesson() -> dict:
+    """A small solved lesson: narration, a plot-like cell, an exercise and its check."""
+    cells = [
+        cell("markdown", "# A lesson\nSome narration."),
+        cell("code", "# NBVAL_IGNORE_OUTPUT\nimport torch\nimport labkit.exercises",
+             stream("took 3 s\n"), 1),
+        cell("code", "rewards = torch.tensor([[0., 0.], [0., 1.]])\nprint(rewards.shape)",
+             stream("torch.Size([2, 2])\n"), 2, tags=["keep-me"]),
+        cell("markdown", "### Exercise 1.1.1\nCount the groups."),
+        cell("code", "### BEGIN SOLUTION\nno_signal = 1\n### END SOLUTION\nprint(no_signal)",
+             stream("1\n"), 3),
+        cell("code", 'labkit.exercises.check("1.1.1", no_signal, rewards=rewards)',
+             stream("Exercise 1.1.1: correct.\n"), 4),
+        cell("code", "print('the end')", stream("the end\n"), 5),
+    ]
+    return {"cells": cells, "metadata": {"kernelspec": {"name": "python3"}},
+            "nbformat": 4, "nbformat_minor": 5}
+
+
+def test_student_notebook_strips_solutions_and_keeps_everything_else():
+    source = lesson()
+    student = student_notebook(source, source_name="01_lesson.ipynb")
+    banner, cells = student["cells"][0], student["cells"][1:]
+    assert "Student copy" in "".join(banner["source"])
+    assert "pytest --nbval-lax" in "".join(banner["source"])
+    assert len(cells) == len(source["cells"])
+    for i, (mine, theirs) in enumerate(zip(cells, source["cells"])):
+        if i in (4, 5):
+            continue
+        assert mine == theirs  # narration, outputs, tags, counts: untouched
+    text = "".join(cells[4]["source"])
+    assert "SOLUTION" not in text and "= 1" not in text
+    assert text.startswith("no_signal = None  # Exercise 1.1.1")
+    assert cells[4]["outputs"] == [] and cells[4]["execution_count"] is None
+    assert cells[5]["outputs"] == [] and cells[5]["execution_count"] is None
+    assert cells[5]["source"] == source["cells"][5]["source"]
+    assert student["metadata"]["labkit"] == {"student_copy_of": "01_lesson.ipynb"}
+    assert source["cells"][4]["outputs"]  # the source itself is not changed
+
+
+def run_cells(nb: dict) -> dict:
+    """Execute a notebook's code cells in one namespace, as a kernel would, in order."""
+    namespace: dict = {}
+    for c in nb["cells"]:
+        if c["cell_type"] == "code":
+            exec(compile("".join(c["source"]), "<cell>", "exec"), namespace)
+    return namespace
+
+
+def test_unsolved_student_check_cell_fails_with_the_hint():
+    student = student_notebook(lesson(), source_name="01_lesson.ipynb")
+    with pytest.raises(ExerciseError) as e:
+        run_cells(student)
+    assert str(e.value).startswith("Exercise 1.1.1: not answered yet")
+    assert "zero_std marks those groups" in str(e.value)
+
+
+def test_solved_student_check_cell_passes(capsys):
+    student = student_notebook(lesson(), source_name="01_lesson.ipynb")
+    exercise = student["cells"][5]
+    exercise["source"] = ["no_signal = 1\n"]  # the student's answer
+    run_cells(student)
+    assert "Exercise 1.1.1: correct." in capsys.readouterr().out
+
+
+def write_lesson(folder: Path, nb: dict, name: str = "01_lesson.ipynb") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(exercises.dumps(nb))
+    return path
+
+
+def test_students_command_writes_then_check_passes(tmp_path, capsys):
+    src = tmp_path / "notebooks"
+    write_lesson(src, lesson())
+    assert exercises.students_main([str(src), "--check"]) == 1  # missing copy
+    assert "missing" in capsys.readouterr().out
+    assert exercises.students_main([str(src)]) == 0
+    written = json.loads((src / "students" / "01_lesson.ipynb").read_text())
+    assert "BEGIN SOLUTION" not in json.dumps(written)
+    assert exercises.students_main([str(src), "--check"]) == 0
+
+
+def test_check_detects_a_stale_and_an_extra_copy(tmp_path, capsys):
+    src, out = tmp_path / "notebooks", tmp_path / "copies"
+    nb = lesson()
+    write_lesson(src, nb)
+    assert exercises.students_main([str(src), "--out", str(out)]) == 0
+    nb["cells"][0]["source"] = ["# A lesson, edited\n"]
+    write_lesson(src, nb)
+    (out / "99_old.ipynb").write_text("{}")
+    assert exercises.students_main([str(src), "--out", str(out), "--check"]) == 1
+    printed = capsys.readouterr().out
+    assert "01_lesson.ipynb: stale" in printed and "99_old.ipynb: extra" in printed
+
+
+def test_students_command_refuses_a_folder_without_notebooks(tmp_path, capsys):
+    assert exercises.students_main([str(tmp_path)]) == 2
+    assert "holds no .ipynb" in capsys.readouterr().err
+
+
+# ====================================================================== the lessons
+LESSONS = sorted(NOTEBOOKS.glob("*.ipynb"))
+
+
+def test_every_exercise_is_used_by_a_lesson_and_every_check_is_known():
+    used = set()
+    for path in LESSONS:
+        nb = json.loads(path.read_text())
+        for c in nb["cells"]:
+            used.update(exercises._CHECK_RE.findall("".join(c["source"])))
+        student_notebook(nb, source_name=path.name)  # markers pair up
+    assert used == set(exercises.EXERCISES)
+
+
+def test_committed_student_copies_are_up_to_date():
+    if not LESSONS:
+        pytest.skip("no lesson notebooks")
+    assert exercises.stale_students(NOTEBOOKS) == []
+
+
+def test_lesson_1_1_first_check_fails_unsolved_in_the_students_copy(capsys):
+    """The students' 1.1, run up to its first check cell: the check fails with the hint."""
+    path = NOTEBOOKS / "01_launcher.ipynb"
+    student = student_notebook(json.loads(path.read_text()), source_name=path.name)
+    code = [c for c in student["cells"] if c["cell_type"] == "code"]
+    first_check = next(i for i, c in enumerate(code) if "exercises.check" in "".join(c["source"]))
+    import warnings
+
+    namespace: dict = {}
+    saved = warnings.formatwarning  # the lesson's first cell sets plain warnings
+    try:
+        for c in code[:first_check]:
+            exec(compile("".join(c["source"]), "<cell>", "exec"), namespace)
+    finally:
+        warnings.formatwarning = saved
+    with pytest.raises(ExerciseError, match=r"Exercise 1\.1\.1: not answered yet.*zero_std"):
+        exec(compile("".join(code[first_check]["source"]), "<cell>", "exec"), namespace)
+
+
+# ====================================================================== profiles
+def test_pick_follows_the_hardware_and_the_environment(capsys):
+    assert profiles.pick({}, gpu=False) == "cpu"
+    assert "no GPU here" in capsys.readouterr().out
+    assert profiles.pick({}, gpu=True, say=False) == "gpu"
+    assert profiles.pick({"LABKIT_PROFILE": "CPU"}, gpu=True, say=False) == "cpu"
+    assert profiles.pick({"LABKIT_PROFILE": "gpu"}, gpu=False) == "gpu"
+    assert "no GPU is visible" in capsys.readouterr().out
+    with pytest.raises(profiles.ConfigError, match="LABKIT_PROFILE='tpu'.*gpu, cpu"):
+        profiles.pick({"LABKIT_PROFILE": "tpu"})
+
+
+def test_profile_configs():
+    cpu = profiles.config("cpu")
+    assert (cpu.model, cpu.rollout_batch_size, cpu.n_samples_per_prompt, cpu.num_rollout,
+            cpu.rollout_max_response_len, cpu.steps_per_rollout) == ("smollm2", 2, 4, 1, 48, 1)
+    gpu = profiles.config("gpu")
+    assert gpu.model == "Qwen/Qwen2.5-0.5B-Instruct" and gpu.global_batch_size == 256
+    assert Path(gpu.output_dir) == profiles.course_root() / "runs"
+    assert profiles.config("cpu", output_dir="elsewhere").output_dir == "elsewhere"
+    with pytest.raises(profiles.ConfigError, match="--global-batch-size 8 does not divide"):
+        profiles.config("cpu", n_samples_per_prompt=3)
+    with pytest.raises(profiles.ConfigError, match="unknown profile"):
+        profiles.config("tpu")
+
+
+def test_course_root_and_runs_dir(tmp_path):
+    assert profiles.course_root(REPO / "notebooks" / "students") == REPO
+    assert profiles.runs_dir({}) == REPO / "data" / "runs"
+    assert profiles.runs_dir({"LABKIT_RUNS_DIR": str(tmp_path)}) == tmp_path
+
+
+def test_incident_log_prefers_a_recording(tmp_path):
+    folder, scratch = tmp_path / "incidents", tmp_path / "scratch"
+    folder.mkdir()
+    made = profiles.incident_log(folder=folder, scratch=scratch)
+    assert made == scratch / "course.constructed.jsonl"
+    first = json.loads(made.read_text().splitlines()[0])
+    assert first["event"] == "meta" and first["constructed"] is True
+    (folder / "b-run.jsonl").write_text("")
+    (folder / "a-run.jsonl").write_text("")
+    (folder / "x.constructed.jsonl").write_text("")
+    (folder / "a-run.expected.json").write_text("{}")
+    assert profiles.incident_log(folder=folder) == folder / "a-run.jsonl"
+    assert profiles.incident_log("b-run", folder=folder) == folder / "b-run.jsonl"
+    with pytest.raises(FileNotFoundError, match="a-run.jsonl, b-run.jsonl"):
+        profiles.incident_log("c-run", folder=folder)
+
+
+def test_plain_warnings_drop_the_path():
+    import warnings
+
+    saved = warnings.formatwarning
+    try:
+        profiles.plain_warnings()
+        assert warnings.formatwarning("odd", UserWarning, "/some/file.py", 3) == "UserWarning: odd\n"
+    finally:
+        warnings.formatwarning = saved
