@@ -12,9 +12,9 @@ weights, KV cache and batch are the same for every variant:
   vLLM rollout, what seeded sampling and log-probs cost on top.
 
 Then it loads the trainer's copy of the model (float32 master weights, bf16 autocast on a
-GPU, as labkit.trainer does), times `update_weights` and reports the mean |engine -
-trainer| log-prob of sampled tokens after the sync (the trainer's
-`train/train_rollout_logprob_abs_diff`).
+GPU, as labkit.trainer does), runs the colocated cycle three times (sleep, update_weights,
+wake), times each part, and reports the mean |engine - trainer| log-prob of sampled tokens
+after the sync (the trainer's `train/train_rollout_logprob_abs_diff`).
 
 Prompts are made-up arithmetic problems (labkit.data.synthetic_problems) in the chat template.
 
@@ -120,12 +120,20 @@ def bench_sync(engine, path: str, prompts: list[list[int]], args) -> dict:
 
     device = default_device()
     policy = load_policy(path, torch.float32, device).eval()
-    seconds = []
-    for _ in range(3):
+    seconds, cycle = [], []
+    for _ in range(3):  # the trainer's colocated cycle: sleep, (train), sync, wake
+        t0 = time.perf_counter()
+        engine.sleep()
+        t1 = time.perf_counter()
         engine.update_weights(policy)
+        t2 = time.perf_counter()
+        engine.wake()
+        t3 = time.perf_counter()
         seconds.append(engine.stats["sync_seconds"])
+        cycle.append({"sleep": t1 - t0, "sync": t2 - t1, "wake": t3 - t2})
     print(f"sync       {', '.join(f'{s:.3f}' for s in seconds)} s "
-          f"({engine.stats['sync_tensors']} tensors)", flush=True)
+          f"({engine.stats['sync_tensors']} tensors; sleep mode {engine.sleep_mode}; "
+          f"last sleep {cycle[-1]['sleep']:.3f} s, wake {cycle[-1]['wake']:.3f} s)", flush=True)
 
     from labkit.engines.base import Sampling
 
@@ -143,7 +151,8 @@ def bench_sync(engine, path: str, prompts: list[list[int]], args) -> dict:
             diffs.append((lp.cpu() - torch.tensor(c.logprobs)).abs())
     diff = torch.cat(diffs)
     print(f"logprob    |engine - trainer| mean {diff.mean():.2e}, max {diff.max():.2e}", flush=True)
-    return {"seconds": seconds, "tensors": engine.stats["sync_tensors"],
+    return {"seconds": seconds, "cycle": cycle, "sleep_mode": engine.sleep_mode,
+            "tensors": engine.stats["sync_tensors"],
             "logprob_abs_diff_mean": float(diff.mean()), "logprob_abs_diff_max": float(diff.max())}
 
 

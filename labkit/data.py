@@ -289,3 +289,28 @@ def _pick_operation(rng: random.Random, value: int) -> tuple[str, int]:
     if op == "mul":
         return op, rng.randint(2, min(5, MAX_VALUE // value))
     return op, rng.choice(divisors)
+
+
+# ------------------------------------------------------------------ redaction
+QUOTE_MARK = "[...]"
+
+
+def redact_quotes(text: str, question: str, min_chars: int = 24) -> str:
+    """`text` with every span of `min_chars` or more characters copied from `question`
+    replaced by "[...]".
+
+    Models often restate the problem before solving it. Run logs that are shared (the
+    course's data/runs) keep the model's own words and name the problem by id, so a
+    verbatim restatement of a GSM8K question is cut out of the logged completion.
+    """
+    from difflib import SequenceMatcher
+
+    if not text or not question:
+        return text
+    for _ in range(50):  # each pass cuts one quote; a completion seldom holds more than a few
+        m = SequenceMatcher(None, text, question, autojunk=False)
+        block = m.find_longest_match(0, len(text), 0, len(question))
+        if block.size < min_chars:
+            return text
+        text = text[: block.a] + QUOTE_MARK + text[block.a + block.size :]
+    return text

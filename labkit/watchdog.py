@@ -302,7 +302,7 @@ class ReplayResult:
     bursts: pd.DataFrame
     stalls: pd.DataFrame
     decisions: pd.DataFrame
-    per_second: pd.DataFrame  # columns second, fails (503 lines), done
+    per_second: pd.DataFrame  # columns second, fails (503 lines), other_fails, done
     summary: dict
 
     def report(self) -> str:
@@ -337,17 +337,19 @@ def replay(log_path: Path, burst_gap: float = 5.0, stall_s: float = 60.0,
     dog = Watchdog(burst_gap=burst_gap, stall_s=stall_s, policy=policy, open_limit=open_limit)
     statuses = dog.statuses
     seconds: Counter = Counter()
+    other: Counter = Counter()
     done: Counter = Counter()
     for e in read.events:
         dog.observe(e)
-        if e["event"] == "fail" and e.get("status") in statuses:
-            seconds[int(e["t"] - dog.t0)] += 1
+        if e["event"] == "fail":
+            (seconds if e.get("status") in statuses else other)[int(e["t"] - dog.t0)] += 1
         elif e["event"] == "done":
             done[int(e["t"] - dog.t0)] += 1
     dog.finish()
     span = read.events[-1]["t"] - read.events[0]["t"] if read.events else 0.0
     n = int(span) + 1 if read.events else 0
     per_second = pd.DataFrame({"second": range(n), "fails": [seconds[i] for i in range(n)],
+                               "other_fails": [other[i] for i in range(n)],
                                "done": [done[i] for i in range(n)]})
     c = dog.counts
     summary = {
@@ -382,6 +384,9 @@ def timeline(result: ReplayResult, out_dir: Optional[Path] = None, name: Optiona
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(10, 5.2), sharex=True,
                                   gridspec_kw={"height_ratios": [3, 1.4]})
     ax.step(ps["second"], ps["fails"], where="post", lw=0.8, color="tab:blue", label="503 lines / s")
+    if len(ps) and ps["other_fails"].any():
+        ax.step(ps["second"], ps["other_fails"], where="post", lw=0.8, color="0.45", ls="--",
+                label="other failed attempts / s")
     for _, b in result.bursts.iterrows():
         ax.axvspan(b["start_s"], b["end_s"] + 1, color="tab:red", alpha=0.12, lw=0)
     top = max(1, int(ps["fails"].max()) if len(ps) else 1)
@@ -391,8 +396,8 @@ def timeline(result: ReplayResult, out_dir: Optional[Path] = None, name: Optiona
             ax.scatter(d["t_s"], [top * 1.08] * len(d), marker=marker, color=color, s=40,
                        label=action, zorder=3)
     ax.set_ylim(0, top * 1.45)
-    ax.set_ylabel("503 lines per second")
-    ax.legend(loc="upper right", fontsize=8, ncol=5)
+    ax.set_ylabel("failed attempts per second")
+    ax.legend(loc="upper right", fontsize=8, ncol=3)
     kind = "CONSTRUCTED scenario" if s["constructed"] else "recorded client log"
     ax.set_title(f"{s['log']} ({kind}): {len(result.bursts)} bursts, {s['lines_503']} 503 lines "
                  f"(burst gap {s['burst_gap']:g} s; shaded: bursts)", fontsize=10)
@@ -400,10 +405,10 @@ def timeline(result: ReplayResult, out_dir: Optional[Path] = None, name: Optiona
     ax2.set_ylabel("completions / s")
     ax2.set_xlabel("seconds from the first event")
     meta = s.get("meta") or {}
-    foot = "  |  ".join(f"{k}: {meta[k]}" for k in ("machine", "command") if meta.get(k))
+    foot = "\n".join(f"{k}: {str(meta[k])[:160]}" for k in ("machine", "command") if meta.get(k))
     if foot:
-        fig.text(0.01, 0.005, foot[:220], fontsize=6.5, color="0.35")
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
+        fig.text(0.01, 0.005, foot, fontsize=6.5, color="0.35")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -217,3 +217,15 @@ def test_rollout_order_refuses_bad_arguments():
         rollout_problems([], 0, 4, 0)
     with pytest.raises(ValueError, match="batch_size >= 1"):
         rollout_problems(_problems(3), 0, 0, 0)
+
+
+def test_redact_quotes_cuts_every_restatement_of_the_problem():
+    from labkit.data import redact_quotes
+
+    q = "Lina has four boxes with nine pens each. She gives away seven pens. How many are left?"
+    text = ("Lina has four boxes with nine pens each. So 4*9=36. Since she gives away seven pens, "
+            "36-7=29. Recall: Lina has four boxes with nine pens each.\n#### 29")
+    out = redact_quotes(text, q)
+    assert "Lina has four boxes with nine pens" not in out
+    assert out.count("[...]") == 2 and out.endswith("#### 29") and "36-7=29" in out
+    assert redact_quotes("#### 29", q) == "#### 29"  # short overlaps stay

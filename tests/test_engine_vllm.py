@@ -215,6 +215,9 @@ def test_one_recipe_step_end_to_end_with_vllm(engine, tmp_path):
                            output_dir=str(tmp_path), progress=False)
     run = train(cfg, engine=engine)  # the shared engine: one in-process vLLM per process
     row = run.metrics.iloc[0]
+    print(f"\none CPU step, 4 prompts x 4 answers: rollout {row['perf/rollout_time']:.1f} s, "
+          f"sync {row['perf/update_weights_time']:.2f} s, step {row['perf/step_time']:.1f} s, "
+          f"train/rollout log-prob diff {row['train/train_rollout_logprob_abs_diff']:.1e}")
     assert run.status["reason"] == "completed"
     assert row["rollout/n_samples_per_prompt"] == 4 and row["rollout/n_prompts"] == 4
     assert row["train/train_rollout_logprob_abs_diff"] < 1e-3

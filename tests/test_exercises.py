@@ -96,9 +96,13 @@ def test_burst_count_at_another_gap(incident):
 
     assert len(replay(incident).bursts) == 3
     assert len(replay(incident, burst_gap=30).bursts) == 2
-    check("1.2.2", 2, log=incident)
-    assert "default gap of 5 s" in wrong("1.2.2", 3, log=incident)
-    assert "only merge bursts" in wrong("1.2.2", 4, log=incident)
+    check("1.2.2", 2, log=incident, gap=30)
+    assert "default gap of 5 s" in wrong("1.2.2", 3, log=incident, gap=30)
+    assert "only merge bursts" in wrong("1.2.2", 4, log=incident, gap=30)
+    split = len(replay(incident, burst_gap=0.01).bursts)
+    assert split > 3
+    check("1.2.2", split, log=incident, gap=0.01)
+    assert "only split bursts" in wrong("1.2.2", 1, log=incident, gap=0.01)
 
 
 def test_lowered_counts_lower_decisions_only(incident):
@@ -361,12 +365,19 @@ def test_profile_configs():
             cpu.rollout_max_response_len, cpu.steps_per_rollout) == ("smollm2", 2, 4, 1, 48, 1)
     gpu = profiles.config("gpu")
     assert gpu.model == "Qwen/Qwen2.5-0.5B-Instruct" and gpu.global_batch_size == 256
-    assert Path(gpu.output_dir) == profiles.course_root() / "runs"
+    assert (Path.cwd() / gpu.output_dir).resolve() == profiles.course_root() / "runs"
     assert profiles.config("cpu", output_dir="elsewhere").output_dir == "elsewhere"
     with pytest.raises(profiles.ConfigError, match="--global-batch-size 8 does not divide"):
         profiles.config("cpu", n_samples_per_prompt=3)
     with pytest.raises(profiles.ConfigError, match="unknown profile"):
         profiles.config("tpu")
+
+
+def test_runs_are_named_from_the_working_folder(monkeypatch, tmp_path):
+    monkeypatch.chdir(REPO / "notebooks")
+    assert profiles.config("cpu").output_dir == "../runs"
+    monkeypatch.chdir(tmp_path)  # outside the repository: the absolute path
+    assert Path(profiles.config("cpu").output_dir).is_absolute()
 
 
 def test_course_root_and_runs_dir(tmp_path):

@@ -99,10 +99,10 @@ def test_an_engine_that_cannot_start_is_reported_and_nothing_is_left(tmp_path):
 
 
 def run_serve(tmp_path, *extra) -> tuple[subprocess.Popen, dict]:
-    """Start `python -m labkit.serve` with fake engines; return it and its serve.json."""
-    port = find_free_base_port(5)
+    """Start `python -m labkit.serve` with a fake engine; return it and its serve.json."""
+    port = find_free_base_port(3)
     log_dir = tmp_path / "serve"
-    cmd = [sys.executable, "-m", "labkit.serve", "--backend", "fake", "--engines", "2",
+    cmd = [sys.executable, "-m", "labkit.serve", "--backend", "fake", "--engines", "1",
            "--router", "vllm-router" if have_router() else "none", "--port", str(port),
            "--log-dir", str(log_dir), "--startup-timeout-s", "30", *extra]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -129,9 +129,9 @@ def test_serve_stops_every_child_on_a_signal(tmp_path, sig):
 
 def test_serve_stops_all_when_an_engine_dies(tmp_path):
     proc, state = run_serve(tmp_path)
-    os.kill(state["pids"]["engine1"], signal.SIGKILL)
+    os.kill(state["pids"]["engine0"], signal.SIGKILL)
     out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 1 and "engine1 exited" in out
+    assert proc.returncode == 1 and "engine0 exited" in out
     assert not any(alive(p) for p in state["pids"].values())
 
 
@@ -141,6 +141,7 @@ def test_serve_stops_all_when_an_engine_dies(tmp_path):
 def test_two_vllm_engines_behind_the_router(tmp_path):
     port = find_free_base_port(4)
     cfg = ServeConfig(engines=2, backend="vllm", port=port, max_model_len=256, max_num_seqs=4,
+                      engine_args=("--enforce-eager",),
                       log_dir=str(tmp_path / "serve"))
     with Cluster(cfg) as cluster:
         pids = list(cluster.pids().values())

