@@ -227,5 +227,5 @@ def test_redact_quotes_cuts_every_restatement_of_the_problem():
             "36-7=29. Recall: Lina has four boxes with nine pens each.\n#### 29")
     out = redact_quotes(text, q)
     assert "Lina has four boxes with nine pens" not in out
-    assert out.count("[...]") == 2 and out.endswith("#### 29") and "36-7=29" in out
+    assert out.count("[...]") == 3 and out.endswith("#### 29") and "36-7=29" in out
     assert redact_quotes("#### 29", q) == "#### 29"  # short overlaps stay
