@@ -647,15 +647,38 @@ def _show(paths) -> str:
 
 
 # ====================================================================== command line
+def drop_unfinished(runs: pd.DataFrame, late=LATE) -> pd.DataFrame:
+    """The runs that reached the end of the late window; say which were left out and why.
+
+    A folder of runs often holds one that is still going or was stopped early; the table
+    leaves it out (with a line saying so) rather than refusing every run.
+    """
+    last = runs.groupby("run", sort=False)[STEP].max()
+    short = last[last < late[1]]
+    for name, step in short.items():
+        print(f"left out: run {name} has steps 0 to {int(step)}, too short for the window "
+              f"{late[0]}-{late[1]}", file=sys.stderr)
+    if len(short) == len(last):
+        raise AnalysisError(f"no run reaches step {late[1]}, the end of the late window")
+    return runs[~runs["run"].isin(short.index)]
+
+
 def compare_main(paths: list[str], out_dir: str | None = None, reference: int = REFERENCE,
-                 *, early=EARLY, late=LATE) -> int:
+                 *, early=EARLY, late=LATE, mixed: bool = False) -> int:
     """`labkit compare RUN...`: print the table, the verdict and the common clean steps, and
-    write the plots (PNG and SVG) to `out_dir` (default: <first path>/compare for a folder,
-    else ./compare). Returns the exit code: 0, or 2 when the runs cannot be compared."""
+    write the plots (PNG and SVG) to `out_dir` (default: ./compare). Runs that did not reach
+    the late window are left out with a line saying so. Returns the exit code: 0, or 2 when the runs cannot be compared."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            runs = load_runs(paths)
+            runs = drop_unfinished(load_runs(paths), late)
+            per_run = runs.groupby("run", sort=False).first()
+            differ = [c for c in ("lr", "model", "prompts") if per_run[c].dropna().nunique() > 1]
+            if differ and not mixed:
+                raise AnalysisError(
+                    f"the runs differ in {', '.join(differ)}, so runs of one group size are not "
+                    f"seeds of one setting; name runs that share them "
+                    f"(e.g. labkit compare data/runs/n*-lr1e-5-*), or pass --mixed")
             table = compare(runs, reference=reference, early=early, late=late)
         except AnalysisError as e:
             print(f"labkit compare: {e}", file=sys.stderr)
@@ -671,8 +694,7 @@ def compare_main(paths: list[str], out_dir: str | None = None, reference: int = 
         print(f"- {note}")
     from labkit import plots  # matplotlib only when plotting
 
-    first = Path(paths[0])
-    out = Path(out_dir) if out_dir else (first / "compare" if first.is_dir() else Path("compare"))
+    out = Path(out_dir) if out_dir else Path("compare")
     written = plots.plot_all(runs, out, early=early, late=late)
     print(f"\nwrote {len(written)} files to {out}: {', '.join(p.name for p in written)}")
     return 0

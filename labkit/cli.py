@@ -102,10 +102,12 @@ def compare_main(argv: list[str]) -> int:
     p.add_argument("runs", nargs="+", help="run folders, or folders of run folders")
     p.add_argument("--out", default=None, help="folder for the plots")
     p.add_argument("--reference", type=int, default=8, help="reference group size (default 8)")
+    p.add_argument("--mixed", action="store_true",
+                   help="compare runs that differ in learning rate, model or prompts per rollout")
     a = p.parse_args(argv)
     from labkit.analysis import compare_main as run_compare
 
-    return run_compare(a.runs, a.out, reference=a.reference)
+    return run_compare(a.runs, a.out, reference=a.reference, mixed=a.mixed)
 
 
 def replay_main(argv: list[str]) -> int:
