@@ -5,7 +5,7 @@ stops cleanly (log complete, checkpoint written) before the call ends, and the n
 resumes it (`--resume`) from its checkpoint on the machine's disk. After each call the light
 files of every run (config, metrics, samples, heat, status, stdout) are copied to --out.
 
-    python benchmarks/h200_grid.py --model M.gguf --data gsm8k-folder --runs-dir /root/runs \
+    python benchmarks/h200_grid.py --model M.gguf --data gsm8k-folder --runs-dir $HOME/runs \
         --out $OUT --deadline 540 --per-gpu 3 --plan grid
 """
 

@@ -35,7 +35,9 @@ from typing import Any, Callable, Optional, Sequence
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 STUDENTS = "students"  # default folder of the students' copies, inside the sources' folder
-_CHECK_RE = re.compile(r"""exercises\.check\(\s*["']([^"']+)["']""")
+# a check call: its exercise id and, when it is a plain name, the answer variable
+_CHECK_RE = re.compile(
+    r"""exercises\.check\(\s*["'](?P<id>[^"']+)["'](?:\s*,\s*(?P<answer>[A-Za-z_]\w*))?""")
 
 
 class ExerciseError(AssertionError):
@@ -99,7 +101,8 @@ def _number(answer: Any, what: str) -> float:
     try:
         value = float(item() if callable(item) else answer)
     except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of many numbers
-        raise _Wrong(f"the answer is a {type(answer).__name__}; give {what} as one number.") from None
+        raise _Wrong(f"the answer is a {type(answer).__name__}; give {what} as one number."
+                     ) from None
     if not math.isfinite(value):
         raise _Wrong(f"the answer is {value}; give {what} as a finite number.")
     return value
@@ -330,12 +333,18 @@ def _grade_common(answer, *, runs, a: str, b: str) -> None:
 
 
 # ====================================================================== students' copies
-def student_source(source: str, id: str) -> str:
+def check_calls(text: str) -> list[tuple[str, Optional[str]]]:
+    """The (exercise id, answer variable or None) of each `exercises.check(...)` call in text."""
+    return [(m["id"], m["answer"]) for m in _CHECK_RE.finditer(text)]
+
+
+def student_source(source: str, id: str, answer: Optional[str] = None) -> str:
     """A code cell's source with each solution block replaced by its placeholder.
 
-    The placeholder of a block is `name = None  # Exercise <id>: your answer` for each name
-    the block assigns at its top level, or `raise NotImplementedError("Exercise <id>: ...")`
-    when it assigns none. Raises ValueError for markers that do not pair up.
+    The placeholder of a block is `answer = None  # Exercise <id>: your answer` when the
+    block assigns `answer` (the name its check cell grades), else the same line for each
+    name the block assigns at its top level, or `raise NotImplementedError(...)` when it
+    assigns none. Raises ValueError for markers that do not pair up.
     """
     lines = source.split("\n")
     out, block, indent = [], None, ""
@@ -348,7 +357,7 @@ def student_source(source: str, id: str) -> str:
         elif mark == END:
             if block is None:
                 raise ValueError(f"line {number}: {END} without {BEGIN}")
-            out += [indent + p for p in _placeholder(block, id, indent)]
+            out += [indent + p for p in _placeholder(block, id, indent, answer)]
             block = None
         elif block is not None:
             block.append(line)
@@ -359,7 +368,7 @@ def student_source(source: str, id: str) -> str:
     return "\n".join(out)
 
 
-def _placeholder(block: list[str], id: str, indent: str) -> list[str]:
+def _placeholder(block: list[str], id: str, indent: str, answer: Optional[str]) -> list[str]:
     text = "\n".join(b[len(indent):] if b.startswith(indent) else b.lstrip() for b in block)
     try:
         tree = ast.parse(text)
@@ -375,6 +384,8 @@ def _placeholder(block: list[str], id: str, indent: str) -> list[str]:
                     names.append(n.id)
     if not names:
         return [f'raise NotImplementedError("Exercise {id}: write your solution here")']
+    if answer in names:
+        names = [answer]
     return [f"{name} = None  # Exercise {id}: your answer" for name in names]
 
 
@@ -389,10 +400,9 @@ def student_notebook(nb: dict, *, source_name: str = "") -> dict:
         text = _text(cell)
         solution = any(line.strip() == BEGIN for line in text.split("\n"))
         if solution:
-            found = _following_check(cells, i)
-            id = found[0] if found else "?"
+            id, answer = _following_check(cells, i) or ("?", None)
             try:
-                cell["source"] = _lines(student_source(text, id))
+                cell["source"] = _lines(student_source(text, id, answer))
             except ValueError as e:
                 raise ValueError(f"{source_name or 'notebook'} cell {i}: {e}") from None
         if solution or _CHECK_RE.search(text):
@@ -411,14 +421,14 @@ def student_notebook(nb: dict, *, source_name: str = "") -> dict:
     return nb
 
 
-def _following_check(cells: list[dict], i: int) -> list[str]:
-    """The exercise id of the first check call at or after cell i."""
+def _following_check(cells: list[dict], i: int) -> Optional[tuple[str, Optional[str]]]:
+    """(id, answer variable) of the first check call at or after cell i, or None."""
     for cell in cells[i:]:
         if cell["cell_type"] == "code":
-            found = _CHECK_RE.findall(_text(cell))
+            found = check_calls(_text(cell))
             if found:
-                return found
-    return []
+                return found[0]
+    return None
 
 
 def _text(cell: dict) -> str:
@@ -476,10 +486,11 @@ def stale_students(src_dir: Path, out_dir: Optional[Path] = None) -> list[str]:
 
 
 def students_main(argv: Sequence[str] | None = None) -> int:
-    """`labkit students SRC_DIR [--out DIR] [--check]`: write (or check) the students' copies.
+    """`labkit students [SRC_DIR] [--out DIR] [--check]`: write (or check) the students' copies.
     Returns 0, 1 when --check finds stale copies, 2 for a bad SRC_DIR or notebook."""
     p = argparse.ArgumentParser(prog="labkit students", description=__doc__.split("\n")[0])
-    p.add_argument("src", help="folder of the source notebooks (with solutions), e.g. notebooks/")
+    p.add_argument("src", nargs="?", default="notebooks",
+                   help="folder of the source notebooks, with solutions (default: notebooks)")
     p.add_argument("--out", default=None, help=f"folder for the copies (default: SRC/{STUDENTS})")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 when the copies differ from what SRC gives")

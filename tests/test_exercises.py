@@ -114,7 +114,8 @@ def test_lowered_counts_lower_decisions_only(incident):
 def test_extra_args_line():
     check("1.3.1", "--n-samples-per-prompt 16 --global-batch-size 512", prompts=32)
     assert "2 optimizer steps" in wrong("1.3.1", "--n-samples-per-prompt 16", prompts=32)
-    assert "8 answers per prompt" in wrong("1.3.1", "--n-samples-per-prompt 8 --global-batch-size 256")
+    eight = "--n-samples-per-prompt 8 --global-batch-size 256"
+    assert "8 answers per prompt" in wrong("1.3.1", eight)
     assert "refuses it" in wrong("1.3.1", "--n-samples-per-prompt 16 --global-batch-size 500")
     assert "one string" in wrong("1.3.1", 512)
 
@@ -181,9 +182,22 @@ def test_student_source_replaces_the_block_and_keeps_the_rest():
     ]
 
 
+def test_student_source_keeps_only_the_graded_answer():
+    out = student_source(SOLVED, "1.1.1", answer="double")
+    assert out.split("\n")[1:3] == ["double = None  # Exercise 1.1.1: your answer",
+                                     'print("after")']
+    assert student_source(SOLVED, "1.1.1", answer="missing") == student_source(SOLVED, "1.1.1")
+
+
+def test_check_calls_read_the_id_and_the_answer():
+    text = 'labkit.exercises.check("1.3.2", gain, runs=runs)\nexercises.check(\'1.1.2\', 2 * x)'
+    assert exercises.check_calls(text) == [("1.3.2", "gain"), ("1.1.2", None)]
+
+
 def test_student_source_without_assignment_raises_not_implemented():
-    out = student_source("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION", "2.1")
-    assert out == 'def f():\n    raise NotImplementedError("Exercise 2.1: write your solution here")'
+    solved = "def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION"
+    assert student_source(solved, "2.1") == (
+        'def f():\n    raise NotImplementedError("Exercise 2.1: write your solution here")')
 
 
 @pytest.mark.parametrize("text", ["### BEGIN SOLUTION\nx = 1", "x = 1\n### END SOLUTION",
@@ -303,6 +317,14 @@ def test_check_detects_a_stale_and_an_extra_copy(tmp_path, capsys):
     assert "01_lesson.ipynb: stale" in printed and "99_old.ipynb: extra" in printed
 
 
+def test_students_command_defaults_to_the_notebooks_folder(monkeypatch, tmp_path):
+    write_lesson(tmp_path / "notebooks", lesson())
+    monkeypatch.chdir(tmp_path)
+    assert exercises.students_main([]) == 0
+    assert (tmp_path / "notebooks" / "students" / "01_lesson.ipynb").exists()
+    assert exercises.students_main(["--check"]) == 0
+
+
 def test_students_command_refuses_a_folder_without_notebooks(tmp_path, capsys):
     assert exercises.students_main([str(tmp_path)]) == 2
     assert "holds no .ipynb" in capsys.readouterr().err
@@ -317,7 +339,7 @@ def test_every_exercise_is_used_by_a_lesson_and_every_check_is_known():
     for path in LESSONS:
         nb = json.loads(path.read_text())
         for c in nb["cells"]:
-            used.update(exercises._CHECK_RE.findall("".join(c["source"])))
+            used.update(id for id, _ in exercises.check_calls("".join(c["source"])))
         student_notebook(nb, source_name=path.name)  # markers pair up
     assert used == set(exercises.EXERCISES)
 
@@ -409,6 +431,7 @@ def test_plain_warnings_drop_the_path():
     saved = warnings.formatwarning
     try:
         profiles.plain_warnings()
-        assert warnings.formatwarning("odd", UserWarning, "/some/file.py", 3) == "UserWarning: odd\n"
+        shown = warnings.formatwarning("odd", UserWarning, "/some/file.py", 3)
+        assert shown == "UserWarning: odd\n"
     finally:
         warnings.formatwarning = saved
