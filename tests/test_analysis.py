@@ -9,6 +9,8 @@ import warnings
 
 import numpy as np
 import pandas as pd
+from pathlib import Path
+
 import pytest
 
 from fixtures_runs import CLEAN_N4, PAUSED_N4, rewards_with_gain, write_course_runs, write_run
@@ -306,7 +308,7 @@ def test_compare_main(course_dir, tmp_path, capsys, monkeypatch):
     assert "group size |" in printed and "Inside one range" in printed
     assert "Common clean steps (14): 0, 1, 3, 4, 7" in printed
     assert "Its median of 188.2 s includes the pauses" in printed
-    assert calls[0][1] == course_dir / "compare" and calls[0][0].run.nunique() == 5
+    assert calls[0][1] == Path("compare") and calls[0][0].run.nunique() == 5  # ./compare
     analysis.compare_main([str(course_dir)], str(tmp_path / "plots"))
     assert calls[1][1] == tmp_path / "plots"
 
