@@ -144,7 +144,10 @@ class RunConfig:
     run_name: Optional[str] = _f(None, "run folder name (default: from the config and time)", "logging")
     eval_interval: int = _f(0, "greedy evaluation every K steps (0: never)", "logging")
     n_logged_prompts: int = _f(2, "prompts per step whose completions go to samples.jsonl", "logging")
-    save_interval: int = _f(0, "checkpoint every K steps (0: only when the run stops)", "logging")
+    save_interval: int = _f(
+        0, "checkpoint every K steps (0: only when the run stops; -1: never, and no --resume)",
+        "logging",
+    )
     progress: bool = _f(True, "show a progress bar", "logging")
     # ---------------------------------------------------------------- safety
     time_limit: Optional[str] = _f(

@@ -101,7 +101,7 @@ def train(cfg: RunConfig, *, resume: str | Path | None = None, engine: Engine | 
                 log.append_heat(p.to_dict() for p in s.guard.take_new_pauses())
                 s.phase, last = "logged", step
                 stopper.record_step(metrics["perf/step_time"])
-                if cfg.save_interval and (step + 1) % cfg.save_interval == 0:
+                if cfg.save_interval > 0 and (step + 1) % cfg.save_interval == 0:
                     save_checkpoint(run_dir, step, s.policy, s.optimizer)
                 _advance(bar, metrics)
     except BaseException as e:  # an engine that died, a second Ctrl-C, a bug
@@ -349,7 +349,9 @@ def _finish(s: Session, run_dir: Path, reason: str, last: int, message: str, bar
     if bar is not None:
         bar.close()
     s.log.append_heat(p.to_dict() for p in s.guard.take_new_pauses())
-    if last >= 0 and s.phase != "train":
+    if s.cfg.save_interval < 0:
+        pass  # the user asked for no checkpoint (a throwaway run, e.g. a lesson's CPU step)
+    elif last >= 0 and s.phase != "train":
         save_checkpoint(run_dir, last, s.policy, s.optimizer)
     elif s.phase == "train":
         message += (" (the failure came during the optimizer step, so the policy was not saved; "

@@ -202,3 +202,9 @@ def test_sigterm_mid_step_then_resume_matches_uninterrupted(tiny_cfg, tmp_path):
     assert _steps(resumed) == _steps(full)
     a, b = _weights(full.dir), _weights(resumed.dir)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_no_checkpoint_when_asked(tiny_cfg):
+    run = train(tiny_cfg.replace(num_rollout=1, save_interval=-1))
+    assert run.status["reason"] == "completed"
+    assert latest_checkpoint(run.dir) is None
