@@ -240,16 +240,8 @@ def response_length_curve(runs: Runs, *, ax=None) -> Figure:
 
     `runs`: a frame from load_runs, or paths; `ax`: draw into it. Returns the Figure.
     """
-    runs = as_runs(runs)
-    fig, ax, own = _single_axes(ax)
-    if not _draw_by_group(ax, runs, RESPONSE_LEN):
-        _no_data(ax, RESPONSE_LEN)
-    ax.set_ylim(0, ax.get_ylim()[1] * 1.05)
-    ax.set_xlabel(STEP_LABEL)
-    ax.set_ylabel("mean response length (tokens)")
-    _legend(fig, ax, own)
-    _title(fig, ax, "Response length per step", runs)
-    return fig
+    return _metric_curve(runs, RESPONSE_LEN, ax=ax, ylabel="mean response length (tokens)",
+                         title="Response length per step", top=None)
 
 
 def zero_std_curve(runs: Runs, *, ax=None) -> Figure:
@@ -257,15 +249,24 @@ def zero_std_curve(runs: Runs, *, ax=None) -> Figure:
 
     `runs`: a frame from load_runs, or paths; `ax`: draw into it. Returns the Figure.
     """
+    return _metric_curve(runs, ZERO_STD, ax=ax, ylabel="all-equal groups (fraction of groups)",
+                         title="Groups that teach nothing: every answer got the same reward",
+                         top=1.02)
+
+
+def _metric_curve(runs: Runs, metric: str, *, ax, ylabel: str, title: str,
+                  top: float | None) -> Figure:
+    """One metric per step, a line per group size with its seeds as a band; y from 0 to `top`
+    (None: 5% above the data)."""
     runs = as_runs(runs)
     fig, ax, own = _single_axes(ax)
-    if not _draw_by_group(ax, runs, ZERO_STD):
-        _no_data(ax, ZERO_STD)
-    ax.set_ylim(0, 1.02)
+    if not _draw_by_group(ax, runs, metric):
+        _no_data(ax, metric)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.05 if top is None else top)
     ax.set_xlabel(STEP_LABEL)
-    ax.set_ylabel("all-equal groups (fraction of groups)")
+    ax.set_ylabel(ylabel)
     _legend(fig, ax, own)
-    _title(fig, ax, "Groups that teach nothing: every answer got the same reward", runs)
+    _title(fig, ax, title, runs)
     return fig
 
 

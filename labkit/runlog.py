@@ -38,18 +38,7 @@ class RunLogError(RuntimeError):
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write `obj` as JSON to `path` through a temp file and a rename (never half written)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True, default=_jsonable)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=_jsonable) + "\n")
 
 
 def _jsonable(x: Any) -> Any:
@@ -204,11 +193,15 @@ class RunLog:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Replace a text file's contents through a temp file and a rename."""
+    """Replace a text file's contents through a temp file and a rename (never half written)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
