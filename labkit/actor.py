@@ -2,11 +2,19 @@
 
 A rollout of P prompts x n answers is packed once into padded tensors (prompts
 left-padded, answers right-padded, so every answer starts at the same column and only the
-answer part needs logits). Old log-probs are taken before any update, so when one rollout
-gives several optimizer steps the PPO ratio is real. Each optimizer step takes one global
-batch, split into micro-batches whose gradients accumulate; the loss is normalised by the
-token count of the whole global batch, so the micro-batch size changes memory, not the
-gradient.
+answer part needs logits). Each optimizer step takes one global batch, split into
+micro-batches whose gradients accumulate; the loss is normalised by the token count of the
+whole global batch, so the micro-batch split changes memory and speed, not the gradient.
+
+Micro-batches are either a fixed number of samples (`--micro-batch-size`) or, with
+`--use-dynamic-batch-size`, as many samples as fit in `--max-tokens-per-gpu` padded tokens
+(miles' names): short answers then share a pass and the passes are few.
+
+Old log-probs. When a rollout gives several optimizer steps, the PPO ratio needs the
+policy's log-probs from before the first step, so they are taken in a separate pass. With
+exactly one step per rollout (the recipe) the policy that sampled is the policy being
+trained, so the old log-probs are the training pass's own, detached: the ratio is 1, the
+gradient is advantage x grad log-prob, and one forward pass over the rollout is saved.
 """
 
 from __future__ import annotations
@@ -60,6 +68,31 @@ def pack_rollout(
     return RolloutBatch(ids, attn, rmask, p_width, advantages.float().reshape(-1), elp)
 
 
+def micro_batches(batch: RolloutBatch, idx: torch.Tensor, *, max_samples: int,
+                  max_tokens: int | None = None) -> list[torch.Tensor]:
+    """Split the samples `idx` (in order) into micro-batches.
+
+    Fixed: `max_samples` samples each. Dynamic (`max_tokens` given): add samples while the
+    padded micro-batch (rows x (longest prompt + longest answer)) stays within `max_tokens`;
+    a sample longer than the budget goes alone. Sort `idx` by length first to cut padding.
+    """
+    if max_tokens is None:
+        return [idx[i : i + max_samples] for i in range(0, len(idx), max_samples)]
+    prompt_len = batch.attention_mask[:, : batch.prompt_width].sum(dim=1)
+    answer_len = batch.response_mask.sum(dim=1).long()
+    out, cur, wide_p, wide_r = [], [], 0, 0
+    for i in idx.tolist():
+        p, r = max(wide_p, int(prompt_len[i])), max(wide_r, int(answer_len[i]))
+        if cur and (len(cur) + 1) * (p + r) > max_tokens:
+            out.append(torch.tensor(cur, dtype=torch.long))
+            cur, p, r = [], int(prompt_len[i]), int(answer_len[i])
+        cur.append(i)
+        wide_p, wide_r = p, r
+    if cur:
+        out.append(torch.tensor(cur, dtype=torch.long))
+    return out
+
+
 def _micro_batch(batch: RolloutBatch, idx: torch.Tensor, device):
     """Slice samples `idx`, cut the padding columns they all share, move to `device`."""
     attn = batch.attention_mask[idx]
@@ -73,62 +106,83 @@ def _micro_batch(batch: RolloutBatch, idx: torch.Tensor, device):
     return (ids.to(device), attn.to(device), pos.to(device), rmask[:, :r].to(device), r)
 
 
-def _forward_logprobs(model, ids, attn, pos, r, temperature, autocast, want_entropy=False):
-    """Log-probs of the last r tokens of each row (the answer), and optionally entropies."""
+def _forward_logprobs(model, ids, attn, pos, r, temperature, autocast, entropy=None):
+    """Log-probs of the last r tokens of each row (the answer), and entropies if asked.
+
+    `entropy`: None (skip), "stat" (measured without gradient), "loss" (with gradient).
+    """
     with autocast():
         out = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=r + 1)
     logits = out.logits[:, :-1]  # position t predicts token t + 1
     lp = token_logprobs(logits, ids[:, -r:], temperature)
-    ent = token_entropy(logits, temperature) if want_entropy else None
+    ent = None
+    if entropy == "loss":
+        ent = token_entropy(logits, temperature)
+    elif entropy == "stat":
+        with torch.no_grad():
+            ent = token_entropy(logits.detach(), temperature)
     return lp, ent
 
 
 @torch.no_grad()
 def compute_logprobs(model, batch: RolloutBatch, *, micro_batch_size: int, temperature: float,
-                     autocast=contextlib.nullcontext, entropy: bool = False):
-    """Per-token log-probs [N, R] of the answers under `model` (and mean entropy if asked)."""
+                     max_tokens: int | None = None, autocast=contextlib.nullcontext):
+    """Per-token log-probs [N, R] of the answers under `model` (old or reference policy)."""
     device = next(model.parameters()).device
     out = torch.zeros_like(batch.response_mask)
-    ent_sum, tok = 0.0, 0.0
-    for start in range(0, batch.size, micro_batch_size):
-        idx = torch.arange(start, min(start + micro_batch_size, batch.size))
+    order = _longest_first(batch, torch.arange(batch.size))
+    for idx in micro_batches(batch, order, max_samples=micro_batch_size, max_tokens=max_tokens):
         ids, attn, pos, rmask, r = _micro_batch(batch, idx, device)
-        lp, ent = _forward_logprobs(model, ids, attn, pos, r, temperature, autocast, entropy)
+        lp, _ = _forward_logprobs(model, ids, attn, pos, r, temperature, autocast)
         out[idx, :r] = (lp * rmask).float().cpu()
-        if ent is not None:
-            ent_sum += float((ent * rmask).sum())
-            tok += float(rmask.sum())
-    return out, (ent_sum / tok if tok else None)
+    return out
+
+
+def _longest_first(batch: RolloutBatch, idx: torch.Tensor) -> torch.Tensor:
+    lengths = batch.response_mask.sum(dim=1)
+    return idx[torch.argsort(lengths[idx], descending=True, stable=True)]
 
 
 def train_on_rollout(model, optimizer, batch: RolloutBatch, cfg, *, generator: torch.Generator,
                      autocast=contextlib.nullcontext) -> dict:
     """Run cfg.steps_per_rollout optimizer steps on `batch`; return the mean statistics.
 
-    `batch.old_logprobs` must be set. Samples are shuffled (seeded) into global batches;
-    inside a global batch they are sorted by length so micro-batches carry little padding.
+    With `batch.old_logprobs` unset, one step per rollout is required and the training
+    pass's own log-probs (detached) serve as the old ones; they are stored in
+    `batch.old_logprobs` afterwards, so the caller can compare them with the engine's.
+    Samples are shuffled (seeded) into global batches; inside a global batch they are
+    sorted by length so micro-batches carry little padding.
     """
+    fused = batch.old_logprobs is None
+    if fused and cfg.steps_per_rollout != 1:
+        raise ValueError("old log-probs are required when a rollout gives several optimizer steps")
+    if fused:
+        batch.old_logprobs = torch.zeros_like(batch.response_mask)
     device = next(model.parameters()).device
     order = torch.randperm(batch.size, generator=generator)
     lengths = batch.response_mask.sum(dim=1)
     params = [p for p in model.parameters() if p.requires_grad]
+    max_tokens = cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else None
     stats = {"loss": 0.0, "clipped": 0.0, "ppo_kl": 0.0, "entropy": 0.0, "kl": 0.0,
-             "tokens": 0.0, "grad_norm": 0.0}
+             "tokens": 0.0, "grad_norm": 0.0, "micro_batches": 0}
     g = cfg.global_batch_size
     for k in range(cfg.steps_per_rollout):
-        idx = order[k * g : (k + 1) * g]
-        idx = idx[torch.argsort(lengths[idx], descending=True, stable=True)]
+        idx = _longest_first(batch, order[k * g : (k + 1) * g])
         seq_mean = cfg.loss_agg_mode == "seq-mean"
         denom = float(len(idx)) if seq_mean else float(lengths[idx].sum().clamp(min=1))
         optimizer.zero_grad(set_to_none=True)
-        for start in range(0, len(idx), cfg.micro_batch_size):
-            mb = idx[start : start + cfg.micro_batch_size]
+        for mb in micro_batches(batch, idx, max_samples=cfg.micro_batch_size, max_tokens=max_tokens):
             ids, attn, pos, rmask, r = _micro_batch(batch, mb, device)
-            lp, ent = _forward_logprobs(model, ids, attn, pos, r, cfg.rollout_temperature,
-                                        autocast, want_entropy=cfg.entropy_coef > 0)
+            lp, ent = _forward_logprobs(model, ids, attn, pos, r, cfg.rollout_temperature, autocast,
+                                        entropy="loss" if cfg.entropy_coef > 0 else "stat")
+            if fused:
+                batch.old_logprobs[mb, :r] = (lp.detach() * rmask).float().cpu()
+                old = lp.detach()
+            else:
+                old = batch.old_logprobs[mb, :r].to(device)
             ref = batch.ref_logprobs[mb, :r].to(device) if batch.ref_logprobs is not None else None
             terms = policy_loss(
-                lp, batch.old_logprobs[mb, :r].to(device), batch.advantages[mb].to(device), rmask,
+                lp, old, batch.advantages[mb].to(device), rmask,
                 eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, denominator=denom,
                 seq_weights=(1.0 / rmask.sum(1).clamp(min=1)) if seq_mean else None,
                 entropy=ent, entropy_coef=cfg.entropy_coef,
@@ -141,6 +195,7 @@ def train_on_rollout(model, optimizer, batch: RolloutBatch, cfg, *, generator: t
             stats["entropy"] += float(terms.entropy)
             stats["kl"] += float(terms.kl)
             stats["tokens"] += float(terms.tokens)
+            stats["micro_batches"] += 1
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad)
         stats["grad_norm"] += float(grad_norm)
         optimizer.step()
@@ -149,9 +204,11 @@ def train_on_rollout(model, optimizer, batch: RolloutBatch, cfg, *, generator: t
         "train/loss": stats["loss"] / steps,
         "train/pg_clipfrac": stats["clipped"] / tokens,
         "train/ppo_kl": stats["ppo_kl"] / tokens,
+        "train/entropy": stats["entropy"] / tokens,
         "train/kl_loss": stats["kl"] / tokens if cfg.kl_loss_coef > 0 else None,
         "train/grad_norm": stats["grad_norm"] / steps,
         "train/steps": steps,
+        "train/micro_batches": stats["micro_batches"],
     }
 
 

@@ -66,6 +66,18 @@ class RunConfig:
     rollout_gpu_memory_fraction: float = _f(
         0.5, "share of GPU memory vLLM may take (the trainer uses the rest)", "rollout"
     )
+    rollout_mode: str = _f(
+        "colocate",
+        "colocate: the --engine runs in the trainer's process; http: each answer is a request "
+        "to --router-url (engines started by `labkit serve`, new weights sent every step)",
+        "rollout", choices=["colocate", "http"],
+    )
+    router_url: Optional[str] = _f(
+        None, "with --rollout-mode http: the router URL `labkit serve` prints", "rollout"
+    )
+    max_open_requests: int = _f(
+        512, "with --rollout-mode http: most requests open at once (32 x 16 opens 512)", "rollout"
+    )
     # ---------------------------------------------------------------- training
     global_batch_size: int = _f(
         256,
@@ -75,6 +87,14 @@ class RunConfig:
     )
     micro_batch_size: int = _f(
         8, "samples per forward/backward pass (gradients accumulate up to the global batch)",
+        "training",
+    )
+    use_dynamic_batch_size: bool = _f(
+        True, "fill each micro-batch up to --max-tokens-per-gpu padded tokens instead of "
+        "--micro-batch-size samples (fewer, fuller passes; same gradient)", "training"
+    )
+    max_tokens_per_gpu: int = _f(
+        8192, "padded tokens per micro-batch with --use-dynamic-batch-size (memory knob)",
         "training",
     )
     lr: float = _f(1e-6, "AdamW learning rate", "training")
@@ -218,7 +238,8 @@ def _flag(name: str) -> str:
 def check_config(cfg: RunConfig) -> None:
     """Check the batch arithmetic and the choices; raise ConfigError naming the fix."""
     for name in ("rollout_batch_size", "n_samples_per_prompt", "global_batch_size",
-                 "micro_batch_size", "num_rollout", "rollout_max_response_len"):
+                 "micro_batch_size", "max_tokens_per_gpu", "num_rollout",
+                 "rollout_max_response_len"):
         value = getattr(cfg, name)
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"{_flag(name)} must be a whole number >= 1, got {value!r}")
@@ -241,6 +262,15 @@ def check_config(cfg: RunConfig) -> None:
             f"--micro-batch-size {cfg.micro_batch_size} is larger than --global-batch-size {g}; "
             f"use --micro-batch-size {g} or less"
         )
+    if cfg.rollout_mode == "http" and not cfg.router_url:
+        raise ConfigError(
+            "--rollout-mode http needs --router-url: start the engines with `labkit serve` and "
+            "pass the URL it prints, e.g. --router-url http://127.0.0.1:8000"
+        )
+    if cfg.router_url and not str(cfg.router_url).startswith(("http://", "https://")):
+        raise ConfigError(f"--router-url {cfg.router_url!r} must start with http:// or https://")
+    if not isinstance(cfg.max_open_requests, int) or cfg.max_open_requests < 1:
+        raise ConfigError(f"--max-open-requests must be a whole number >= 1, got {cfg.max_open_requests!r}")
     if not 0.0 < cfg.rollout_gpu_memory_fraction < 1.0:
         raise ConfigError("--rollout-gpu-memory-fraction must be between 0 and 1, e.g. 0.5")
     if cfg.rollout_temperature <= 0:

@@ -128,10 +128,18 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy of the sampling distribution at each position, shaped like logits[..., 0]."""
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk: int = 2048) -> torch.Tensor:
+    """Entropy of the sampling distribution at each position, shaped like logits[..., 0].
+
+    Works through `chunk` positions at a time, so the float32 copies of a 150k-word
+    vocabulary stay small however many tokens the micro-batch holds.
+    """
+    flat = logits.reshape(-1, logits.shape[-1])
+    parts = []
+    for i in range(0, flat.shape[0], chunk):
+        x = flat[i : i + chunk].float()
+        if temperature != 1.0:
+            x = x / temperature
+        logp = torch.log_softmax(x, dim=-1)
+        parts.append(-(logp.exp() * logp).sum(-1))
+    return torch.cat(parts).view(logits.shape[:-1]) if parts else logits.new_zeros(logits.shape[:-1]).float()

@@ -27,7 +27,7 @@ METRICS: dict[str, tuple[str, str]] = {
     # perf: where the time went
     "perf/rollout_time": ("s", "generation of the whole rollout, wall clock; a heat pause inside it makes the step not clean"),
     "perf/reward_time": ("s", "scoring the rollout"),
-    "perf/actor_train_time": ("s", "old log-probs plus the optimizer steps"),
+    "perf/actor_train_time": ("s", "old log-probs (several steps per rollout only) plus the optimizer steps"),
     "perf/update_weights_time": ("s", "loading the new weights into the engine"),
     "perf/step_time": ("s", "the whole step, wall clock"),
     "perf/tokens_per_s": ("tokens/s", "rollout/tokens / perf/rollout_time"),
@@ -41,6 +41,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "train/grad_norm": ("", "gradient norm before clipping"),
     "train/lr": ("", "learning rate"),
     "train/steps": ("", "optimizer steps taken on this rollout"),
+    "train/micro_batches": ("", "forward/backward passes in the update (all optimizer steps)"),
     "train/train_rollout_logprob_abs_diff": ("", "mean |trainer - engine| log-prob of the sampled tokens"),
     # eval: greedy accuracy on the held-out split
     "eval/accuracy": ("", "greedy accuracy on the eval split (steps with --eval-interval only)"),

@@ -181,20 +181,21 @@ def score_rollout(s: Session, rollout: Rollout) -> torch.Tensor:
 
 
 def update_policy(s: Session, rollout: Rollout, advantages: torch.Tensor, step: int):
-    """Old log-probs, then the optimizer steps of this rollout. Returns (stats, batch)."""
+    """Old (when needed) and reference log-probs, then the optimizer steps. Returns (stats, batch)."""
     cfg = s.cfg
     prompts = [rollout.prompt_ids[i] for i, g in enumerate(rollout.completions) for _ in g]
     comps = [c for g in rollout.completions for c in g]
     batch = pack_rollout(prompts, [c.token_ids for c in comps], advantages,
                          [c.logprobs for c in comps], s.tokenizer.pad_token_id)
     kw = dict(micro_batch_size=cfg.micro_batch_size, temperature=cfg.rollout_temperature,
+              max_tokens=cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else None,
               autocast=s.autocast)
-    batch.old_logprobs, entropy = compute_logprobs(s.policy, batch, entropy=True, **kw)
+    if cfg.steps_per_rollout > 1:  # else the training pass gives them (see labkit.actor)
+        batch.old_logprobs = compute_logprobs(s.policy, batch, **kw)
     if s.ref is not None:
-        batch.ref_logprobs, _ = compute_logprobs(s.ref, batch, **kw)
+        batch.ref_logprobs = compute_logprobs(s.ref, batch, **kw)
     gen = torch.Generator().manual_seed(cfg.seed * 7_919 + step)
     stats = train_on_rollout(s.policy, s.optimizer, batch, cfg, generator=gen, autocast=s.autocast)
-    stats["train/entropy"] = entropy
     stats["train/lr"] = cfg.lr
     if batch.engine_logprobs is not None:
         diff = (batch.old_logprobs - batch.engine_logprobs).abs() * batch.response_mask
