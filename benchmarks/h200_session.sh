@@ -29,10 +29,10 @@ PY
   GPUS=$(seq -s, 0 $((NG - 1)))
   # the runs use a frozen copy of the code: later calls re-send the working tree
   F=$HOME/frozen && rm -rf "$F" && mkdir -p "$F" && cp -r labkit benchmarks "$F"/ && D=$(realpath "$D")
-  python "$F/benchmarks/h200_grid.py" start --plan group-size --model "$M" --data "$D" --runs-dir "$R" \
-    --gpus "$GPUS" --per-gpu 2 --gpu-delay "$((NG - 1))=170" > "$OUT/logs/start.log" 2>&1
+  python "$F/benchmarks/h200_grid.py" start --plan "${PLAN:-group-size}" --model "$M" --data "$D" --runs-dir "$R" \
+    --gpus "$GPUS" --per-gpu 2 --gpu-delay "$((NG - 1))=${GPU_DELAY:-170}" > "$OUT/logs/start.log" 2>&1
   # the update benchmark (issue 10) on the last GPU, before that GPU takes runs
-  CUDA_VISIBLE_DEVICES=$((NG - 1)) timeout 160 python benchmarks/bench_update.py --model "$M" \
+  [ "${BENCH:-1}" = 1 ] && CUDA_VISIBLE_DEVICES=$((NG - 1)) timeout 160 python benchmarks/bench_update.py --model "$M" \
     --samples 256 --out "$OUT/logs/bench_update.json" > "$OUT/logs/bench_update.log" 2>&1
 fi
 STOP=""

@@ -66,6 +66,14 @@ class RunConfig:
     rollout_gpu_memory_fraction: float = _f(
         0.5, "share of GPU memory vLLM may take (the trainer uses the rest)", "rollout"
     )
+    rollout_kv_cache_gb: Optional[float] = _f(
+        None, "fixed vLLM KV cache size in GiB instead of the memory fraction; set it when "
+        "other jobs share the GPU (vLLM's start-up memory profiling fails then)", "rollout"
+    )
+    rollout_sleep: bool = _f(
+        True, "release vLLM's KV cache and weights between rollouts (sleep mode) so the update "
+        "has the room; --no-rollout-sleep when other jobs share the GPU", "rollout"
+    )
     rollout_mode: str = _f(
         "colocate",
         "colocate: the --engine runs in the trainer's process; http: each answer is a request "
@@ -271,6 +279,8 @@ def check_config(cfg: RunConfig) -> None:
         raise ConfigError(f"--router-url {cfg.router_url!r} must start with http:// or https://")
     if not isinstance(cfg.max_open_requests, int) or cfg.max_open_requests < 1:
         raise ConfigError(f"--max-open-requests must be a whole number >= 1, got {cfg.max_open_requests!r}")
+    if cfg.rollout_kv_cache_gb is not None and cfg.rollout_kv_cache_gb <= 0:
+        raise ConfigError(f"--rollout-kv-cache-gb must be > 0, got {cfg.rollout_kv_cache_gb}")
     if not 0.0 < cfg.rollout_gpu_memory_fraction < 1.0:
         raise ConfigError("--rollout-gpu-memory-fraction must be between 0 and 1, e.g. 0.5")
     if cfg.rollout_temperature <= 0:

@@ -322,7 +322,9 @@ def make_engine(cfg: RunConfig, path: str, policy, tokenizer) -> Engine:
 
         # prompt + answer: GSM8K chat prompts stay well under 1024 tokens
         return VLLMEngine(path, dtype=cfg.dtype, gpu_memory_fraction=cfg.rollout_gpu_memory_fraction,
-                          seed=cfg.seed, max_model_len=cfg.rollout_max_response_len + 1024)
+                          seed=cfg.seed, max_model_len=cfg.rollout_max_response_len + 1024,
+                          kv_cache_gb=cfg.rollout_kv_cache_gb,
+                          enable_sleep_mode=None if cfg.rollout_sleep else False)
     from labkit.engines.hf import HFEngine
 
     return HFEngine(policy, tokenizer)

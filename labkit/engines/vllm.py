@@ -98,6 +98,9 @@ class VLLMEngine(Engine):
     `max_model_len`: longest prompt + answer in tokens (None: the model's own limit).
     `enable_sleep_mode` / `enforce_eager`: None picks for the platform (sleep and CUDA graphs
     on CUDA; neither on CPU, where graph capture only slows the start).
+    `kv_cache_gb`: a fixed KV cache size instead of `gpu_memory_fraction`. Needed when other
+    processes share the GPU: vLLM sizes its cache by measuring free memory while it starts
+    (and checks it again at sleep), and another process allocating meanwhile breaks both.
     """
 
     name = "vllm"
@@ -112,6 +115,7 @@ class VLLMEngine(Engine):
         max_model_len: Optional[int] = None,
         enable_sleep_mode: Optional[bool] = None,
         enforce_eager: Optional[bool] = None,
+        kv_cache_gb: Optional[float] = None,
     ):
         self._vllm = import_vllm()
         from vllm.platforms import current_platform
@@ -140,8 +144,11 @@ class VLLMEngine(Engine):
             logprobs_mode="processed_logprobs",
             generation_config="vllm",  # sample exactly as asked, not with the model's defaults
         )
-        if on_cpu:
+        if kv_cache_gb is not None:  # vLLM then skips its free-memory profiling
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
+        elif on_cpu:
             kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        if on_cpu:
             # In-process vLLM drops torch to 1 thread for the whole process unless
             # OMP_NUM_THREADS is set. Keep the trainer's count: on 2 busy cores one CPU recipe
             # step took 67 s with 2 threads and 244 s with 1 (vLLM alone was 1.5x faster
