@@ -48,8 +48,8 @@ PLANS = {
         "p64-n8-lr1e-6-s1": _n(8, 1, prompts=64), "p16-n8-lr1e-6-s1": _n(8, 1, prompts=16),
     },
     "rerun": {  # the runs of "group-size" that failed the first time, longest first
-        "n16-lr1e-6-s1": _n(16, 1), "n8-lr1e-6-s3": _n(8, 3),
-        "n4-lr1e-6-s1": _n(4, 1), "n4-lr1e-6-s2": _n(4, 2),
+        "n8-lr1e-6-s3": _n(8, 3), "n4-lr1e-6-s1": _n(4, 1), "n4-lr1e-6-s2": _n(4, 2),
+        "n16-lr1e-6-s1": _n(16, 1),
         "p16-n8-lr1e-6-s1": _n(8, 1, prompts=16), "p64-n8-lr1e-6-s1": _n(8, 1, prompts=64),
     },
 }
@@ -157,6 +157,7 @@ def collect(a: argparse.Namespace) -> int:
             shutil.copy(runs_dir / f"{run.name}.stdout", dest / "stdout.log")
         steps = len((run / "metrics.jsonl").read_text().splitlines()) if (run / "metrics.jsonl").exists() else 0
         print(f"{run.name}: {'done' if run_finished(run) else 'not done'}, {steps} steps", flush=True)
+    stage.mkdir(parents=True, exist_ok=True)
     if (runs_dir / "scheduler.log").exists():
         shutil.copy(runs_dir / "scheduler.log", stage / "scheduler.log")
     shutil.make_archive(str(out / "runs"), "gztar", root_dir=out, base_dir="runs")

@@ -36,7 +36,7 @@ PY
     --samples 256 --out "$OUT/logs/bench_update.json" > "$OUT/logs/bench_update.log" 2>&1
 fi
 STOP=""
-[ "$MODE" = stop ] && STOP="--stop"
+{ [ "$MODE" = stop ] || [ "${STOP_AT_END:-0}" = 1 ]; } && STOP="--stop --stop-wait 45"
 python benchmarks/h200_grid.py collect --runs-dir "$R" --out "$OUT" \
   --wait "$(( WAIT - ($(date +%s) - T0) ))" $STOP > "$OUT/logs/collect.log" 2>&1
 nvidia-smi --query-gpu=index,temperature.gpu,memory.used,utilization.gpu --format=csv > "$OUT/logs/gpu-now.txt" 2>&1

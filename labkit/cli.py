@@ -37,6 +37,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"labkit {cmd}: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # engines over HTTP that cannot be reached: a message, no traceback
+        from labkit.client import RouterUnavailable, WeightSyncFailed
+
+        if not isinstance(e, (RouterUnavailable, WeightSyncFailed)):
+            raise
+        print(f"labkit {cmd}: {e}", file=sys.stderr)
+        return 1
 
 
 def launch_main(argv: list[str]) -> int:

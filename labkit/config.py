@@ -365,7 +365,7 @@ def build_parser(prog: str = "labkit launch") -> argparse.ArgumentParser:
         if f.type in ("bool", bool):
             g.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, **kw)
             continue
-        typ = {"int": int, "float": float}.get(str(f.type), str)
+        typ = {"int": int, "float": float, "Optional[int]": int, "Optional[float]": float}.get(str(f.type), str)
         default = f.default
         kw["help"] += f" (default: {default})"
         if f.metadata.get("choices"):

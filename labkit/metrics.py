@@ -49,6 +49,15 @@ METRICS: dict[str, tuple[str, str]] = {
     "heat/clean": ("", "true when no heat pause overlapped the rollout"),
     "heat/pause_time": ("s", "seconds of heat pause inside the step"),
     "heat/max_temp_c": ("C", "hottest GPU reading during the step"),
+    # client: rollouts over HTTP, --rollout-mode http (labkit only)
+    "client/requests": ("", "requests answered in the step (one per answer; evaluation's too)"),
+    "client/failed_attempts": ("", "failed attempts (503s, other 5xx, 429, timeouts, connection errors), each retried"),
+    "client/503s": ("", "failed attempts answered 503 Service Unavailable (what the watchdog groups into bursts)"),
+    "client/retried_requests": ("", "answered requests that needed more than one attempt"),
+    "client/max_attempts": ("", "most attempts one request took"),
+    "client/engines_synced": ("", "engines that loaded the new weights after the optimizer step"),
+    "client/weights_write_time": ("s", "writing the weights file the engines load (part of perf/update_weights_time)"),
+    "client/weights_load_time": ("s", "the engines loading it, in parallel (part of perf/update_weights_time)"),
     # time: wall clock (labkit only)
     "time/start": ("s", "unix time the step started"),
     "time/end": ("s", "unix time the step ended"),

@@ -11,6 +11,14 @@ waits, then SIGKILL, and checks by process group that nothing is left. Ports are
 before anything starts, and each engine must answer /health before the router starts.
 Children also get SIGTERM if the launching process dies (Linux PR_SET_PDEATHSIG).
 
+Weight sync (`labkit launch --rollout-mode http`): after each optimizer step the trainer
+writes its weights to one safetensors file and asks every engine to load it. vLLM's server
+has no public endpoint that loads new weights from a file and then refreshes what it
+derived from them, so each vLLM engine starts with its dev endpoints on
+(`VLLM_SERVER_DEV_MODE=1`: `/collective_rpc`, `/reset_prefix_cache`; loopback only) and
+with `EngineWeightSync` mixed into its worker (`--worker-extension-cls`). The trainer finds
+the engines through the router's `/list_workers`; `serve.json` lists them too.
+
     labkit serve --engines 2 --port 8000              # vLLM engines, Ctrl-C stops all
     labkit serve --backend fake --engines 2 --duration 60
 """
@@ -72,9 +80,11 @@ class ServeConfig:
     engine_args: tuple[str, ...] = ()
     max_num_seqs: int = 16
     max_model_len: int = 1024
+    dtype: str = "auto"  # vLLM --dtype: auto, float32, bfloat16 (float32 to compare log-probs)
     kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE per engine
     fake_delay_s: float = 0.05  # fake engine: seconds per request
     fake_slots: int = 8  # fake engine: requests generated at once (the rest wait)
+    fake_vocab_size: int = 1000  # fake engine: token ids are drawn from 1..vocab-1
     log_dir: str = "out/serve"
     startup_timeout_s: float = 900.0
     vllm_python: Optional[str] = None
@@ -227,6 +237,10 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
+    def engine_urls(self) -> list[str]:
+        """The engines' own URLs (the weight sync goes to each of them, not to the router)."""
+        return [p.url for p in self.procs if p.name.startswith("engine")]
+
     def pids(self) -> dict[str, int]:
         return {p.name: p.popen.pid for p in self.procs}
 
@@ -312,6 +326,7 @@ def engine_command(cfg: ServeConfig, port: int) -> list[str]:
     if cfg.backend == "fake":
         return [sys.executable, "-m", "labkit.serve", "engine", "--host", cfg.host, "--port", str(port),
                 "--delay-s", str(cfg.fake_delay_s), "--slots", str(cfg.fake_slots),
+                "--vocab-size", str(cfg.fake_vocab_size),
                 "--served-model-name", cfg.served_model_name, *cfg.engine_args]
     if cfg.backend != "vllm":
         raise ServeError(f"--backend {cfg.backend!r} is not valid; valid: vllm, fake")
@@ -320,16 +335,27 @@ def engine_command(cfg: ServeConfig, port: int) -> list[str]:
     return [vllm_python(cfg), "-m", "vllm.entrypoints.openai.api_server",
             "--model", resolve_model(cfg.model), "--served-model-name", cfg.served_model_name,
             "--host", cfg.host, "--port", str(port), "--max-model-len", str(cfg.max_model_len),
-            "--max-num-seqs", str(cfg.max_num_seqs), *cfg.engine_args]
+            "--max-num-seqs", str(cfg.max_num_seqs), "--dtype", cfg.dtype,
+            # the log-prob of each token under the distribution it was sampled from (after
+            # temperature and top-p), as the trainer computes it; no sampling defaults
+            # taken from the model's generation_config.json
+            "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
+            "--worker-extension-cls", WORKER_EXTENSION, *cfg.engine_args]
 
 
 def engine_env(cfg: ServeConfig, index: int) -> dict:
-    """Environment of engine `index`: on CPU, its KV cache size and its own core (cfg.env wins)."""
+    """Environment of engine `index`: dev endpoints for weight sync, labkit importable, and
+    on CPU its KV cache size and its own core (cfg.env wins)."""
     env = {}
     if cfg.backend == "vllm":
+        path = os.environ.get("PYTHONPATH")
         env = {"VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gib),
                # vLLM binds its OpenMP threads to core 0 by default: K engines would share it.
-               "VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
+               "VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1)),
+               # /collective_rpc and /reset_prefix_cache: the trainer's weight sync
+               "VLLM_SERVER_DEV_MODE": "1",
+               # the worker imports WORKER_EXTENSION from this checkout's labkit
+               "PYTHONPATH": str(REPO) + (os.pathsep + path if path else "")}
     return {**env, **cfg.env}
 
 
@@ -352,8 +378,53 @@ def router_command(cfg: ServeConfig, worker_urls: list[str]) -> list[str]:
             *cfg.router_args]
 
 
+# ---------------------------------------------------------------------- weight sync in an engine
+WORKER_EXTENSION = "labkit.serve.EngineWeightSync"
+LOAD_WEIGHTS_METHOD = "labkit_load_weights"  # the worker method /collective_rpc calls
+
+
+class EngineWeightSync:
+    """Mixed into each vLLM worker (`--worker-extension-cls`): load a weights file in place.
+
+    `labkit_load_weights(path)` streams the tensors of one safetensors file (Hugging Face
+    names, as `model.named_parameters()` gives them) through vLLM's `reload_weights`, which
+    restores each layer to its checkpoint layout, loads, and re-runs its post-load
+    processing in the original storage (CUDA graphs stay valid). On CPU a tied LM head is
+    then re-processed by hand: it is never in the file, and its prepacked oneDNN copy would
+    keep the old embedding (the same fix as labkit.engines.vllm). vLLM's plain
+    `reload_weights(weights_path=...)` over /collective_rpc misses that, so it serves stale
+    log-probs on CPU. Returns {"tensors", "seconds"} to the trainer.
+    """
+
+    def labkit_load_weights(self, path: str) -> dict:
+        from safetensors import safe_open
+        from vllm.platforms import current_platform
+
+        from labkit.engines.vllm import _RELOAD_LOGGER, _quiet, _refresh_tied_heads
+
+        start = time.perf_counter()
+        model = self.model_runner.get_model()
+        dtype, device = self.vllm_config.model_config.dtype, next(model.parameters()).device
+        count = 0
+
+        def stream():
+            nonlocal count
+            with safe_open(path, framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    count += 1
+                    yield name, f.get_tensor(name).to(device=device, dtype=dtype)
+
+        with _quiet(_RELOAD_LOGGER):
+            self.reload_weights(weights_iterator=stream())
+            if current_platform.is_cpu():
+                _refresh_tied_heads(model)
+        if count == 0:
+            raise ValueError(f"labkit_load_weights: {path} holds no tensors")
+        return {"tensors": count, "seconds": round(time.perf_counter() - start, 3)}
+
+
 # ---------------------------------------------------------------------- the fake engine
-def fake_answer(body: dict, model: str) -> dict:
+def fake_answer(body: dict, model: str, vocab_size: int = 1000) -> dict:
     """A vLLM-shaped /v1/completions answer with made-up tokens, seeded by prompt and seed."""
     import random
 
@@ -361,15 +432,27 @@ def fake_answer(body: dict, model: str) -> dict:
     n_tok = int(body.get("max_tokens") or 16)
     seed = hash((tuple(prompt) if isinstance(prompt, list) else prompt, body.get("seed")))
     rng = random.Random(seed)
-    ids = [rng.randrange(1, 1000) for _ in range(n_tok)]
+    ids = [rng.randrange(1, vocab_size) for _ in range(n_tok)]
     return {"id": "cmpl-fake", "object": "text_completion", "model": model, "choices": [{
         "index": 0, "text": " ".join(f"t{i}" for i in ids), "finish_reason": "length",
         "token_ids": ids, "logprobs": {"tokens": [f"token_id:{i}" for i in ids],
                                        "token_logprobs": [-6.9] * n_tok}}]}
 
 
+def fake_load_weights(path: str) -> dict:
+    """What the fake engine does with a weights file: count its tensors and sum their values."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(path)
+    total = sum(float(t.double().sum()) for t in tensors.values())
+    return {"tensors": len(tensors), "sum": total, "seconds": 0.0}
+
+
 def engine_main(argv: Optional[Sequence[str]] = None) -> int:
-    """A fake OpenAI-compatible engine: `slots` requests at a time, `delay_s` each (tests)."""
+    """A fake OpenAI-compatible engine: `slots` requests at a time, `delay_s` each (tests).
+
+    It also takes the trainer's weight sync (/collective_rpc with labkit_load_weights,
+    /reset_prefix_cache) and prints one line per weights file it read, with its sum."""
     import asyncio
 
     from aiohttp import web
@@ -379,6 +462,7 @@ def engine_main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--delay-s", type=float, default=0.05)
     p.add_argument("--slots", type=int, default=8)
+    p.add_argument("--vocab-size", type=int, default=1000)
     p.add_argument("--served-model-name", default="fake")
     a = p.parse_args(argv)
 
@@ -386,7 +470,21 @@ def engine_main(argv: Optional[Sequence[str]] = None) -> int:
         body = await request.json()
         async with request.app["slots"]:
             await asyncio.sleep(a.delay_s)
-        return web.json_response(fake_answer(body, a.served_model_name))
+        return web.json_response(fake_answer(body, a.served_model_name, a.vocab_size))
+
+    async def collective_rpc(request):
+        body = await request.json()
+        if body.get("method") != LOAD_WEIGHTS_METHOD:
+            return web.json_response({"error": f"fake engine: no method {body.get('method')!r}"},
+                                     status=400)
+        path = (body.get("kwargs") or {}).get("path", "")
+        info = fake_load_weights(path)
+        print(f"labkit fake engine: loaded {info['tensors']} tensors, sum {info['sum']!r}, "
+              f"from {path}", flush=True)
+        return web.json_response({"results": [info]})
+
+    async def reset_prefix_cache(_):
+        return web.Response(status=200)
 
     async def health(_):
         return web.Response(text="ok")
@@ -400,7 +498,8 @@ def engine_main(argv: Optional[Sequence[str]] = None) -> int:
     app = web.Application()
     app.on_startup.append(on_startup)
     app.add_routes([web.post("/v1/completions", completions), web.get("/health", health),
-                    web.get("/v1/models", models)])
+                    web.get("/v1/models", models), web.post("/collective_rpc", collective_rpc),
+                    web.post("/reset_prefix_cache", reset_prefix_cache)])
     web.run_app(app, host=a.host, port=a.port, print=None, handle_signals=True)
     return 0
 
@@ -421,12 +520,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="answers slower than 60 s fail and open the engine's circuit for 15 s, "
                         "so an overloaded router answers 503 (see SHED_LOAD_ROUTER_ARGS)")
     p.add_argument("--router-args", default="", help="extra router flags, one shell-quoted string")
-    p.add_argument("--engine-args", default="", help="extra engine flags, one shell-quoted string")
+    p.add_argument("--engine-args", default="",
+                   help="extra engine flags, one shell-quoted string (--engine-args=--enforce-eager)")
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="vLLM: sequences per batch")
     p.add_argument("--max-model-len", type=int, default=d.max_model_len, help="vLLM: context length")
     p.add_argument("--kv-cache-gib", type=int, default=d.kv_cache_gib, help="vLLM CPU: KV cache GiB per engine")
+    p.add_argument("--dtype", default=d.dtype,
+                   help="vLLM: weights dtype (auto, float32, bfloat16); float32 on CPU to compare "
+                        "log-probs with the trainer")
     p.add_argument("--fake-delay-s", type=float, default=d.fake_delay_s)
     p.add_argument("--fake-slots", type=int, default=d.fake_slots)
+    p.add_argument("--fake-vocab-size", type=int, default=d.fake_vocab_size,
+                   help="fake engine: token ids are drawn below this")
     p.add_argument("--vllm-python", default=None, help="a Python that imports vllm (default: found)")
     p.add_argument("--log-dir", default=d.log_dir, help="engine and router logs, and serve.json")
     p.add_argument("--startup-timeout-s", type=float, default=d.startup_timeout_s)
@@ -445,8 +550,8 @@ def config_from_args(argv: Optional[Sequence[str]]) -> tuple[ServeConfig, Option
                       served_model_name=a.served_model_name, port=a.port, router=a.router,
                       router_args=router_args, engine_args=tuple(shlex.split(a.engine_args)),
                       max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
-                      kv_cache_gib=a.kv_cache_gib, fake_delay_s=a.fake_delay_s,
-                      fake_slots=a.fake_slots, log_dir=a.log_dir,
+                      kv_cache_gib=a.kv_cache_gib, dtype=a.dtype, fake_delay_s=a.fake_delay_s,
+                      fake_slots=a.fake_slots, fake_vocab_size=a.fake_vocab_size, log_dir=a.log_dir,
                       startup_timeout_s=a.startup_timeout_s, vllm_python=a.vllm_python)
     return cfg, a.duration
 
@@ -462,10 +567,13 @@ def serve_main(argv: Optional[Sequence[str]] = None) -> int:
     cluster, code = Cluster(cfg), 0
     try:
         cluster.start()
-        state = {"url": cluster.url, "pids": cluster.pids(), "config": asdict(cfg)}
+        state = {"url": cluster.url, "engines": cluster.engine_urls(), "pids": cluster.pids(),
+                 "config": asdict(cfg)}
         (cluster.log_dir / "serve.json").write_text(json.dumps(state, indent=2))
         print(f"labkit serve: router {cluster.url} in front of {cfg.engines} {cfg.backend} engines "
-              f"(logs in {cluster.log_dir}); Ctrl-C stops all", flush=True)
+              f"{' '.join(cluster.engine_urls())} (logs in {cluster.log_dir}); Ctrl-C stops all\n"
+              f"labkit serve: train with `labkit launch --rollout-mode http --router-url "
+              f"{cluster.url}`", flush=True)
         end = time.monotonic() + duration if duration else float("inf")
         for _ in range(10 ** 9):  # bounded by --duration or Ctrl-C
             if time.monotonic() >= end:

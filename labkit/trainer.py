@@ -141,6 +141,7 @@ def run_step(s: Session, step: int) -> dict:
         torch.cuda.reset_peak_memory_stats()
     if cfg.eval_interval and (step + 1) % cfg.eval_interval == 0:
         metrics["eval/accuracy"] = evaluate(s)
+    metrics.update(getattr(s.engine, "step_metrics", dict)())  # client/ (http rollouts)
     log_samples(s, step, rollout, rewards)
     return metrics
 
@@ -304,6 +305,8 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
         ref = load_policy(path, compute, device).eval().requires_grad_(False)
     owns_engine = engine is None
     engine = engine or make_engine(cfg, path, policy, tokenizer)
+    if getattr(engine, "log_to", None):  # HTTP rollouts: the client's log in the run folder
+        engine.log_to(log.dir / "client.jsonl")
     guard = guard or make_guard(cfg.heat_pause_c, cfg.heat_resume_c)
     return Session(cfg, log, policy, tokenizer, engine, make_optimizer(policy, cfg), problems,
                    eval_problems, reward_fn, guard, autocast, ref, stop_token_ids(tokenizer, policy),
@@ -311,7 +314,18 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
 
 
 def make_engine(cfg: RunConfig, path: str, policy, tokenizer) -> Engine:
-    """The engine cfg.engine names (auto: vLLM on a GPU when importable, else transformers)."""
+    """The engine cfg.engine names (auto: vLLM on a GPU when importable, else transformers),
+    or with --rollout-mode http the engines behind --router-url, given the policy's weights."""
+    if cfg.rollout_mode == "http":
+        from labkit.client import HttpEngine
+        from labkit.watchdog import Watchdog
+
+        engine = HttpEngine(
+            cfg.router_url, max_open_requests=cfg.max_open_requests, tokenizer=tokenizer,
+            watchdog=Watchdog(open_limit=cfg.max_open_requests),  # reports bursts, keeps going
+            sync_dtype=pick_dtype(cfg.dtype, default_device()))
+        engine.update_weights(policy)  # the engines may have started from other weights
+        return engine
     name = cfg.engine
     if name == "auto":
         import importlib.util

@@ -109,3 +109,12 @@ def test_bad_durations(text):
 def test_heat_thresholds_checked():
     with pytest.raises(ConfigError, match="--heat-resume-c 90"):
         RunConfig(heat_pause_c=85, heat_resume_c=90).check()
+
+
+def test_optional_number_flags_parse_as_numbers():
+    from labkit.config import resolve_args
+
+    cfg, _ = resolve_args(["--rollout-kv-cache-gb", "8", "--no-rollout-sleep"])
+    assert cfg.rollout_kv_cache_gb == 8.0 and cfg.rollout_sleep is False
+    with pytest.raises(ConfigError, match="--rollout-kv-cache-gb"):
+        resolve_args(["--rollout-kv-cache-gb", "0"])

@@ -1,0 +1,180 @@
+"""Rollouts over HTTP from the launcher: the flags, the client/ metrics, the weight sync.
+
+The end-to-end test runs `train` with `--rollout-mode http` against fake engines behind
+vllm-router (labkit.serve's fake backend): every answer goes through the router, and after
+each optimizer step every engine reads the trainer's weights file. The fake engine prints
+the sum of what it read, so the test checks it against the trainer's checkpoint. The same
+path with real vLLM engines, and the log-prob proof, is in tests/test_http_sync_vllm.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from aiohttp import web
+
+from labkit.checkpoint import latest_checkpoint
+from labkit.client import HttpEngine, RouterUnavailable, WeightSyncFailed, sync_weights, write_weights
+from labkit.config import ConfigError, RunConfig, config_from_args
+from labkit.metrics import METRICS
+from labkit.serve import Cluster, ServeConfig, ServeError, find_free_base_port, router_binary
+from labkit.trainer import train
+
+
+def have_router() -> bool:
+    try:
+        router_binary("vllm-router")
+        return True
+    except ServeError:
+        return False
+
+
+CLIENT = ["client/requests", "client/failed_attempts", "client/503s", "client/retried_requests",
+          "client/max_attempts", "client/engines_synced", "client/weights_write_time",
+          "client/weights_load_time"]
+
+
+# ---------------------------------------------------------------------- flags
+def test_http_mode_flags_parse_and_default_to_colocate():
+    assert RunConfig().rollout_mode == "colocate" and RunConfig().max_open_requests == 512
+    cfg = config_from_args(["--rollout-mode", "http", "--router-url", "http://127.0.0.1:8000",
+                            "--max-open-requests", "64"], env={})
+    assert (cfg.rollout_mode, cfg.router_url, cfg.max_open_requests) == ("http", "http://127.0.0.1:8000", 64)
+
+
+def test_http_mode_without_router_url_is_refused_naming_the_fix():
+    with pytest.raises(ConfigError, match=r"--rollout-mode http needs --router-url.*labkit serve"):
+        config_from_args(["--rollout-mode", "http"], env={})
+    with pytest.raises(ConfigError, match="--router-url '127.0.0.1:8000' must start with http://"):
+        RunConfig(rollout_mode="http", router_url="127.0.0.1:8000").check()
+    with pytest.raises(ConfigError, match="--max-open-requests must be a whole number >= 1"):
+        RunConfig(max_open_requests=0).check()
+
+
+# ---------------------------------------------------------------------- client/ metrics
+def test_step_metrics_count_the_events_of_one_step_then_start_again():
+    engine = HttpEngine("http://127.0.0.1:9")  # never contacted: events are fed by hand
+    emit = engine.log.emit
+    emit("fail", request_id="a", attempt=1, status=503, code="no_available_workers")
+    emit("fail", request_id="a", attempt=2, status=None, code="connection_error")
+    emit("done", request_id="a", attempts=3)
+    emit("fail", request_id="b", attempt=1, status=503, code="no_available_workers")
+    emit("done", request_id="b", attempts=2)
+    emit("done", request_id="c", attempts=1)
+    m = engine.step_metrics()
+    assert {k: m[k] for k in CLIENT[:5]} == {
+        "client/requests": 3, "client/failed_attempts": 3, "client/503s": 2,
+        "client/retried_requests": 2, "client/max_attempts": 3}
+    assert set(m) == set(CLIENT) and set(m) <= set(METRICS)
+    assert engine.step_metrics()["client/requests"] == 0
+    engine.close()
+
+
+# ---------------------------------------------------------------------- engines that take weights
+def test_served_vllm_engines_start_ready_for_the_weight_sync(tiny_model_dir):
+    import importlib
+
+    from labkit.serve import LOAD_WEIGHTS_METHOD, WORKER_EXTENSION, engine_command, engine_env
+
+    cfg = ServeConfig(backend="vllm", model=str(tiny_model_dir), vllm_python="python", dtype="float32")
+    cmd = " ".join(engine_command(cfg, 8001))
+    assert f"--worker-extension-cls {WORKER_EXTENSION}" in cmd and "--dtype float32" in cmd
+    assert "--logprobs-mode processed_logprobs" in cmd  # the trainer's log-probs, after temperature
+    assert engine_env(cfg, 0)["VLLM_SERVER_DEV_MODE"] == "1"  # /collective_rpc, /reset_prefix_cache
+    module, _, name = WORKER_EXTENSION.rpartition(".")
+    assert callable(getattr(getattr(importlib.import_module(module), name), LOAD_WEIGHTS_METHOD))
+
+
+# ---------------------------------------------------------------------- weight sync failures
+class BareEngine:
+    """A vLLM server started without VLLM_SERVER_DEV_MODE: no /collective_rpc, no /list_workers."""
+
+    async def health(self, request):
+        return web.Response(text="ok")
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.add_routes([web.get("/health", self.health)])
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+
+def test_sync_to_an_engine_without_dev_mode_names_the_fix(tmp_path):
+    async def go():
+        server = BareEngine()
+        url = await server.start()
+        try:
+            await sync_weights(url, str(tmp_path / "w.safetensors"))
+        finally:
+            await server.runner.cleanup()
+
+    with pytest.raises(WeightSyncFailed, match=r"has no /collective_rpc.*VLLM_SERVER_DEV_MODE=1.*labkit serve"):
+        asyncio.run(go())
+
+
+def test_sync_to_a_router_that_does_not_answer_fails_fast(tmp_path):
+    port = find_free_base_port(1)
+    with pytest.raises(RouterUnavailable, match=f"127.0.0.1:{port}.*labkit serve"):
+        asyncio.run(sync_weights(f"http://127.0.0.1:{port}", str(tmp_path / "w.safetensors")))
+
+
+def test_weights_file_holds_a_tied_weight_once_in_the_asked_dtype(tmp_path):
+    from safetensors.torch import load_file
+
+    model = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5))
+    model[1].weight = model[0].weight  # a tied LM head: the file has it once, as the embedding
+    path = tmp_path / "w.safetensors"
+    assert write_weights(model, path, torch.bfloat16) == 2
+    got = load_file(path)
+    assert set(got) == {"0.weight", "1.bias"} and got["1.bias"].dtype == torch.bfloat16
+    assert torch.equal(got["0.weight"], model[0].weight.detach().bfloat16())
+    assert [f.name for f in tmp_path.iterdir()] == ["w.safetensors"]  # no half-written file left
+
+
+# ---------------------------------------------------------------------- the launcher end to end
+def loads(log: Path) -> list[float]:
+    """The sums of the weights files a fake engine read, in order."""
+    return [float(x) for x in re.findall(r"loaded \d+ tensors, sum (\S+),", log.read_text())]
+
+
+@pytest.mark.skipif(not have_router(), reason="vllm-router is not installed")
+def test_launch_over_http_syncs_every_engine_after_every_step(tiny_cfg, tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
+    cfg = ServeConfig(engines=2, backend="fake", port=find_free_base_port(4), fake_delay_s=0.01,
+                      fake_vocab_size=vocab, log_dir=str(tmp_path / "serve"), startup_timeout_s=30)
+    with Cluster(cfg) as cluster:
+        run = train(tiny_cfg.replace(rollout_mode="http", router_url=cluster.url,
+                                     max_open_requests=4))
+        engine_logs = [cluster.log_dir / f"engine{i}.log" for i in range(2)]
+    rows = run.metrics.to_dict("records")
+    assert run.status["reason"] == "completed" and len(rows) == 2
+    for r in rows:
+        assert set(r) <= set(METRICS), set(r) - set(METRICS)
+        assert r["client/requests"] == 8  # 2 prompts x 4 answers, one request each
+        assert r["client/failed_attempts"] == 0 and r["client/max_attempts"] == 1
+        assert r["client/engines_synced"] == 2
+        assert r["perf/update_weights_time"] > 0
+    events = [json.loads(x) for x in (run.dir / "client.jsonl").read_text().splitlines()]
+    assert sum(e["event"] == "done" for e in events) == 16
+    # each engine read the weights at the start and after each of the 2 steps; the last
+    # file is the policy the trainer saved, the first the model it started from
+    _, path = latest_checkpoint(run.dir)
+    final = sum(float(t.double().sum()) for t in torch.load(path, weights_only=False)["model"].values())
+    start = sum(float(t.double().sum()) for t in
+                AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict().values())
+    for log in engine_logs:
+        sums = loads(log)
+        assert len(sums) == 3, log.read_text()[-2000:]
+        assert sums[0] == pytest.approx(start, rel=1e-9, abs=1e-6)
+        assert sums[-1] == pytest.approx(final, rel=1e-9, abs=1e-6)
+        assert abs(sums[-1] - sums[0]) > 1e-3  # the optimizer steps changed what was sent
