@@ -64,9 +64,13 @@ def _single_axes(ax, height: float = 4.6):
     return fig, axes[0], True
 
 
-def _colors(runs: pd.DataFrame) -> dict[int, str]:
-    """One color per group size, the same in every figure of these runs."""
-    return {g: f"C{i}" for i, g in enumerate(sorted(runs.group_size.unique()))}
+def _colors(runs: pd.DataFrame, by: str = "group_size") -> dict:
+    """One color per group size (or per value of `by`), the same in every figure of these runs."""
+    return {g: f"C{i}" for i, g in enumerate(sorted(runs[by].unique()))}
+
+
+def _group_label(by: str, value) -> str:
+    return f"{value} answers" if by == "group_size" else f"{by} {value:g}"
 
 
 def _caption(runs: pd.DataFrame) -> str:
@@ -85,33 +89,33 @@ def _title(fig: Figure, ax, title: str, runs: pd.DataFrame) -> None:
     ax.set_title(_caption(runs), loc="left", fontsize=8, color="0.35")
 
 
-def _draw_by_group(ax, runs: pd.DataFrame, column: str) -> bool:
-    """Draw `column` per step: a group size with several seeds as its mean line and a min-max
-    band (on the steps all its seeds have), a group size with one seed as that run's line.
-    Returns False when no run logged `column`."""
+def _draw_by_group(ax, runs: pd.DataFrame, column: str, by: str = "group_size") -> bool:
+    """Draw `column` per step: a group size (or value of `by`) with several seeds as its mean
+    line and a min-max band (on the steps all its seeds have), one with one seed as that
+    run's line. Returns False when no run logged `column`."""
     if column not in runs or runs[column].notna().sum() == 0:
         return False
-    colors = _colors(runs)
-    for g, group in runs.groupby("group_size", sort=True):
+    colors = _colors(runs, by)
+    for g, group in runs.groupby(by, sort=True):
         wide = group.pivot(index=STEP, columns="run", values=column)
         wide = wide.apply(pd.to_numeric, errors="coerce").dropna(axis=1, how="all")
         if wide.shape[1] == 0:
             continue
-        color = colors[g]
+        color, name = colors[g], _group_label(by, g)
         if wide.shape[1] == 1:
             seed = group.seed.iat[0]
             ax.plot(wide.index, wide.iloc[:, 0], color=color, lw=1.8, marker="o", ms=3,
-                    label=f"{g} answers (1 run, seed {seed})")
+                    label=f"{name} (1 run, seed {seed})")
             continue
         shared = wide.dropna()
         ax.fill_between(shared.index, shared.min(axis=1), shared.max(axis=1), color=color,
-                        alpha=0.22, lw=0, label=f"{g} answers: min-max of {wide.shape[1]} seeds")
+                        alpha=0.22, lw=0, label=f"{name}: min-max of {wide.shape[1]} seeds")
         ax.plot(shared.index, shared.mean(axis=1), color=color, lw=1.8, marker="o", ms=3,
-                label=f"{g} answers: mean of {wide.shape[1]} seeds")
+                label=f"{name}: mean of {wide.shape[1]} seeds")
         tails = [wide[run][~wide.index.isin(shared.index)].dropna() for run in wide.columns]
         for i, tail in enumerate(t for t in tails if len(t)):  # steps only some seeds have
             ax.plot(tail.index, tail, color=color, lw=0.9, alpha=0.7, ls="--",
-                    label=None if i else f"{g} answers: steps only some seeds ran")
+                    label=None if i else f"{name}: steps only some seeds ran")
     return True
 
 
@@ -149,11 +153,12 @@ def _spans(steps: Iterable[int]) -> list[tuple[int, int]]:
 
 
 # ====================================================================== the figures
-def reward_curve(runs: Runs, *, early=EARLY, late=LATE, ax=None) -> Figure:
+def reward_curve(runs: Runs, *, early=EARLY, late=LATE, ax=None, by: str = "group_size") -> Figure:
     """Mean reward per step of each group size, with the gain's two windows shaded.
 
     `runs`: a frame from load_runs, or paths. `early`, `late`: (first, last) steps of the
-    windows. `ax`: draw into this axes instead of a new figure. Returns the Figure.
+    windows. `ax`: draw into this axes instead of a new figure. `by`: the column whose
+    values get a line each ("lr" for a learning-rate probe). Returns the Figure.
     """
     runs = as_runs(runs)
     fig, ax, own = _single_axes(ax)
@@ -162,7 +167,7 @@ def reward_curve(runs: Runs, *, early=EARLY, late=LATE, ax=None) -> Figure:
         ax.axvspan(a - 0.5, b + 0.5, color="0.9", zorder=0)
         ax.text((a + b) / 2, 0.98, f"{name} window\nsteps {a}-{b}", transform=label,
                 ha="center", va="top", fontsize=8, color="0.3")
-    if not _draw_by_group(ax, runs, REWARD):
+    if not _draw_by_group(ax, runs, REWARD, by):
         _no_data(ax, REWARD)
     _headroom(ax)
     ax.set_xlabel(STEP_LABEL)

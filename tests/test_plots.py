@@ -43,6 +43,14 @@ def test_reward_curve(runs):
     assert "steps 0-7" in texts and "steps 16-23" in texts
 
 
+def test_reward_curve_by_learning_rate(runs):
+    probe = runs[runs.group_size == 8].copy()
+    probe["lr"] = probe.seed.map({s: lr for s, lr in zip(sorted(probe.seed.unique()), (1e-6, 1e-5, 1e-5))})
+    labels = [line.get_label() for line in plots.reward_curve(probe, by="lr").axes[0].get_lines()]
+    assert any(label.startswith("lr 1e-06 (1 run") for label in labels)
+    assert "lr 1e-05: mean of 2 seeds" in labels
+
+
 def test_reward_curve_windows_follow_arguments(runs):
     ax = plots.reward_curve(runs, early=(0, 3), late=(20, 23)).axes[0]
     assert "steps 0-3" in " ".join(t.get_text() for t in ax.texts)
