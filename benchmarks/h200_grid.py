@@ -117,17 +117,10 @@ def start(a: argparse.Namespace) -> int:
     return 0
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, *, group: bool = False) -> bool:
+    """Whether process `pid` (or any process of its group) still runs."""
     try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
+        (os.killpg if group else os.kill)(pid, 0)
     except OSError:
         return False
     return True
@@ -141,10 +134,10 @@ def collect(a: argparse.Namespace) -> int:
     end = time.time() + a.wait
     while pid and _alive(pid) and time.time() < end:
         time.sleep(5)
-    if a.stop and pid and _group_alive(pid):
+    if a.stop and pid and _alive(pid, group=True):
         os.killpg(pid, signal.SIGTERM)  # each run stops after its step (labkit.stopping)
         deadline = time.time() + a.stop_wait
-        while _group_alive(pid) and time.time() < deadline:
+        while _alive(pid, group=True) and time.time() < deadline:
             time.sleep(2)
     stage = out / "runs"
     for run in sorted(p for p in runs_dir.iterdir() if p.is_dir()):
