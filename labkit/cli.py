@@ -38,7 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"labkit {cmd}: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:  # engines over HTTP that cannot be reached: a message, no traceback
-        from labkit.client import RouterUnavailable, WeightSyncFailed
+        from labkit.client import RouterUnavailable
+        from labkit.engines.http import WeightSyncFailed
 
         if not isinstance(e, (RouterUnavailable, WeightSyncFailed)):
             raise
@@ -112,7 +113,7 @@ def compare_main(argv: list[str]) -> int:
     p.add_argument("--mixed", action="store_true",
                    help="compare runs that differ in learning rate, model or prompts per rollout")
     a = p.parse_args(argv)
-    from labkit.analysis import compare_main as run_compare
+    from labkit.compare import compare_main as run_compare
 
     return run_compare(a.runs, a.out, reference=a.reference, mixed=a.mixed)
 

@@ -277,7 +277,9 @@ def _grade_extra_args(answer, *, prompts: int = 32) -> None:
 def _grade_gain(answer, *, runs, run: str) -> None:
     import numpy as np
 
-    from labkit.analysis import REWARD, STEP, run_gains
+    from labkit.gains import run_gains
+    from labkit.metrics import STEP
+    from labkit.runframe import REWARD
 
     gain = _number(answer, "the gain")
     rows = runs[runs["run"] == run]
@@ -307,7 +309,7 @@ def _grade_gain(answer, *, runs, run: str) -> None:
           "a step is clean where the `clean` column is True; intersect the two runs' sets of "
           "rollout/step and keep steps up to 23.")
 def _grade_common(answer, *, runs, a: str, b: str) -> None:
-    from labkit.analysis import STEP
+    from labkit.metrics import STEP
 
     try:
         steps = sorted(int(s) for s in answer)

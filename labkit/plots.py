@@ -39,9 +39,11 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
-from labkit import analysis  # noqa: E402
-from labkit.analysis import (  # noqa: E402
-    EARLY, LATE, RESPONSE_LEN, REWARD, ROLLOUT_TIME, STEP, ZERO_STD, Runs, metric_values, as_runs)
+from labkit.costs import common_clean_steps, run_costs  # noqa: E402
+from labkit.gains import EARLY, LATE  # noqa: E402
+from labkit.metrics import STEP  # noqa: E402
+from labkit.runframe import (  # noqa: E402
+    RESPONSE_LEN, REWARD, ROLLOUT_TIME, ZERO_STD, Runs, as_runs, metric_values)
 
 STEP_LABEL = "step (rollout index, from 0)"
 PAUSE_COLOR = "tab:red"
@@ -188,8 +190,8 @@ def rollout_time_curve(runs: Runs, *, last_step: int | None = LATE[1]) -> Figure
     runs = as_runs(runs)
     if last_step is not None:
         runs = runs[runs[STEP] <= last_step]
-    costs = analysis.run_costs(runs).set_index("run")
-    common, _ = analysis.common_clean_steps(runs)
+    costs = run_costs(runs).set_index("run")
+    common, _ = common_clean_steps(runs)
     names = list(costs.index)
     fig, axes = _figure(len(names), height=1.4 + 1.6 * len(names), sharey=True)
     colors = _colors(runs)

@@ -15,9 +15,12 @@ from labkit import __version__
 from labkit.config import RunConfig
 from labkit.runlog import RunLog, RunLogError, read_jsonl
 
-# Fields a resumed run may change: they do not change what a step computes.
+# Fields a resumed run may change: they do not change what a step computes. With
+# --rollout-mode http that includes where the engines are: a run may resume against a new
+# router (its engines get the checkpoint's weights at start).
 RESUMABLE = {"num_rollout", "time_limit", "progress", "output_dir", "run_name", "eval_interval",
-             "save_interval", "n_logged_prompts", "heat_pause_c", "heat_resume_c"}
+             "save_interval", "n_logged_prompts", "heat_pause_c", "heat_resume_c",
+             "router_url", "max_open_requests"}
 
 
 class Run:

@@ -2,8 +2,8 @@
 
 The course's 16-answer run sampled through a router in front of several engines, and
 its 503 bursts came from that router. `labkit serve` rebuilds the setup on one machine:
-K OpenAI-compatible engine servers (vLLM's, or a tiny fake for tests), and vllm-router
-(a Rust load balancer from PyPI) in front of them, all on 127.0.0.1.
+K OpenAI-compatible engine servers (vLLM's, or labkit.engines.fake_server for tests), and
+vllm-router (a Rust load balancer from PyPI) in front of them, all on 127.0.0.1.
 
 Every process starts in its own process group (a new session), so stopping one stops
 the workers it spawned (vLLM's engine core) too; `stop` sends SIGTERM to each group,
@@ -16,11 +16,12 @@ writes its weights to one safetensors file and asks every engine to load it. vLL
 has no public endpoint that loads new weights from a file and then refreshes what it
 derived from them, so each vLLM engine starts with its dev endpoints on
 (`VLLM_SERVER_DEV_MODE=1`: `/collective_rpc`, `/reset_prefix_cache`; loopback only) and
-with `EngineWeightSync` mixed into its worker (`--worker-extension-cls`). The trainer finds
-the engines through the router's `/list_workers`; `serve.json` lists them too.
+with labkit.engines.served_sync mixed into its worker (`--worker-extension-cls`). The
+trainer finds the engines through the router's `/list_workers`; `serve.json` lists them too.
 
     labkit serve --engines 2 --port 8000              # vLLM engines, Ctrl-C stops all
     labkit serve --backend fake --engines 2 --duration 60
+    labkit serve --dtype float32 --engine-args --enforce-eager --max-num-seqs 64   # last
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
+
+from labkit.engines.served_sync import WORKER_EXTENSION
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -324,7 +327,7 @@ def vllm_python(cfg: ServeConfig) -> str:
 def engine_command(cfg: ServeConfig, port: int) -> list[str]:
     """The command line of one engine server on `port`."""
     if cfg.backend == "fake":
-        return [sys.executable, "-m", "labkit.serve", "engine", "--host", cfg.host, "--port", str(port),
+        return [sys.executable, "-m", "labkit.engines.fake_server", "--host", cfg.host, "--port", str(port),
                 "--delay-s", str(cfg.fake_delay_s), "--slots", str(cfg.fake_slots),
                 "--vocab-size", str(cfg.fake_vocab_size),
                 "--served-model-name", cfg.served_model_name, *cfg.engine_args]
@@ -378,132 +381,6 @@ def router_command(cfg: ServeConfig, worker_urls: list[str]) -> list[str]:
             *cfg.router_args]
 
 
-# ---------------------------------------------------------------------- weight sync in an engine
-WORKER_EXTENSION = "labkit.serve.EngineWeightSync"
-LOAD_WEIGHTS_METHOD = "labkit_load_weights"  # the worker method /collective_rpc calls
-
-
-class EngineWeightSync:
-    """Mixed into each vLLM worker (`--worker-extension-cls`): load a weights file in place.
-
-    `labkit_load_weights(path)` streams the tensors of one safetensors file (Hugging Face
-    names, as `model.named_parameters()` gives them) through vLLM's `reload_weights`, which
-    restores each layer to its checkpoint layout, loads, and re-runs its post-load
-    processing in the original storage (CUDA graphs stay valid). On CPU a tied LM head is
-    then re-processed by hand: it is never in the file, and its prepacked oneDNN copy would
-    keep the old embedding (the same fix as labkit.engines.vllm). vLLM's plain
-    `reload_weights(weights_path=...)` over /collective_rpc misses that, so it serves stale
-    log-probs on CPU. Returns {"tensors", "seconds"} to the trainer.
-    """
-
-    def labkit_load_weights(self, path: str) -> dict:
-        from safetensors import safe_open
-        from vllm.platforms import current_platform
-
-        from labkit.engines.vllm import _RELOAD_LOGGER, _quiet, _refresh_tied_heads
-
-        start = time.perf_counter()
-        model = self.model_runner.get_model()
-        dtype, device = self.vllm_config.model_config.dtype, next(model.parameters()).device
-        count = 0
-
-        def stream():
-            nonlocal count
-            with safe_open(path, framework="pt", device="cpu") as f:
-                for name in f.keys():
-                    count += 1
-                    yield name, f.get_tensor(name).to(device=device, dtype=dtype)
-
-        with _quiet(_RELOAD_LOGGER):
-            self.reload_weights(weights_iterator=stream())
-            if current_platform.is_cpu():
-                _refresh_tied_heads(model)
-        if count == 0:
-            raise ValueError(f"labkit_load_weights: {path} holds no tensors")
-        return {"tensors": count, "seconds": round(time.perf_counter() - start, 3)}
-
-
-# ---------------------------------------------------------------------- the fake engine
-def fake_answer(body: dict, model: str, vocab_size: int = 1000) -> dict:
-    """A vLLM-shaped /v1/completions answer with made-up tokens, seeded by prompt and seed."""
-    import random
-
-    prompt = body.get("prompt") or [0]
-    n_tok = int(body.get("max_tokens") or 16)
-    seed = hash((tuple(prompt) if isinstance(prompt, list) else prompt, body.get("seed")))
-    rng = random.Random(seed)
-    ids = [rng.randrange(1, vocab_size) for _ in range(n_tok)]
-    return {"id": "cmpl-fake", "object": "text_completion", "model": model, "choices": [{
-        "index": 0, "text": " ".join(f"t{i}" for i in ids), "finish_reason": "length",
-        "token_ids": ids, "logprobs": {"tokens": [f"token_id:{i}" for i in ids],
-                                       "token_logprobs": [-6.9] * n_tok}}]}
-
-
-def fake_load_weights(path: str) -> dict:
-    """What the fake engine does with a weights file: count its tensors and sum their values."""
-    from safetensors.torch import load_file
-
-    tensors = load_file(path)
-    total = sum(float(t.double().sum()) for t in tensors.values())
-    return {"tensors": len(tensors), "sum": total, "seconds": 0.0}
-
-
-def engine_main(argv: Optional[Sequence[str]] = None) -> int:
-    """A fake OpenAI-compatible engine: `slots` requests at a time, `delay_s` each (tests).
-
-    It also takes the trainer's weight sync (/collective_rpc with labkit_load_weights,
-    /reset_prefix_cache) and prints one line per weights file it read, with its sum."""
-    import asyncio
-
-    from aiohttp import web
-
-    p = argparse.ArgumentParser(prog="python -m labkit.serve engine")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--delay-s", type=float, default=0.05)
-    p.add_argument("--slots", type=int, default=8)
-    p.add_argument("--vocab-size", type=int, default=1000)
-    p.add_argument("--served-model-name", default="fake")
-    a = p.parse_args(argv)
-
-    async def completions(request):
-        body = await request.json()
-        async with request.app["slots"]:
-            await asyncio.sleep(a.delay_s)
-        return web.json_response(fake_answer(body, a.served_model_name, a.vocab_size))
-
-    async def collective_rpc(request):
-        body = await request.json()
-        if body.get("method") != LOAD_WEIGHTS_METHOD:
-            return web.json_response({"error": f"fake engine: no method {body.get('method')!r}"},
-                                     status=400)
-        path = (body.get("kwargs") or {}).get("path", "")
-        info = fake_load_weights(path)
-        print(f"labkit fake engine: loaded {info['tensors']} tensors, sum {info['sum']!r}, "
-              f"from {path}", flush=True)
-        return web.json_response({"results": [info]})
-
-    async def reset_prefix_cache(_):
-        return web.Response(status=200)
-
-    async def health(_):
-        return web.Response(text="ok")
-
-    async def models(_):
-        return web.json_response({"object": "list", "data": [{"id": a.served_model_name, "object": "model"}]})
-
-    async def on_startup(app):
-        app["slots"] = asyncio.Semaphore(a.slots)
-
-    app = web.Application()
-    app.on_startup.append(on_startup)
-    app.add_routes([web.post("/v1/completions", completions), web.get("/health", health),
-                    web.get("/v1/models", models), web.post("/collective_rpc", collective_rpc),
-                    web.post("/reset_prefix_cache", reset_prefix_cache)])
-    web.run_app(app, host=a.host, port=a.port, print=None, handle_signals=True)
-    return 0
-
-
 # ---------------------------------------------------------------------- labkit serve
 def build_parser() -> argparse.ArgumentParser:
     d = ServeConfig()
@@ -520,8 +397,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="answers slower than 60 s fail and open the engine's circuit for 15 s, "
                         "so an overloaded router answers 503 (see SHED_LOAD_ROUTER_ARGS)")
     p.add_argument("--router-args", default="", help="extra router flags, one shell-quoted string")
-    p.add_argument("--engine-args", default="",
-                   help="extra engine flags, one shell-quoted string (--engine-args=--enforce-eager)")
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="vLLM: sequences per batch")
     p.add_argument("--max-model-len", type=int, default=d.max_model_len, help="vLLM: context length")
     p.add_argument("--kv-cache-gib", type=int, default=d.kv_cache_gib, help="vLLM CPU: KV cache GiB per engine")
@@ -536,6 +411,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", default=d.log_dir, help="engine and router logs, and serve.json")
     p.add_argument("--startup-timeout-s", type=float, default=d.startup_timeout_s)
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: Ctrl-C)")
+    # Last, and takes the rest of the line: a value starting with "-" is not read as a flag.
+    p.add_argument("--engine-args", nargs=argparse.REMAINDER, default=[],
+                   help="extra engine flags: the rest of the line (--engine-args --enforce-eager "
+                        "--max-num-seqs 64), or one quoted string (--engine-args=\"--enforce-eager "
+                        "--max-num-seqs 64\", which may come before other flags)")
     return p
 
 
@@ -548,7 +428,8 @@ def config_from_args(argv: Optional[Sequence[str]]) -> tuple[ServeConfig, Option
         router_args = SHED_LOAD_ROUTER_ARGS + router_args
     cfg = ServeConfig(engines=a.engines, backend=a.backend, model=a.model,
                       served_model_name=a.served_model_name, port=a.port, router=a.router,
-                      router_args=router_args, engine_args=tuple(shlex.split(a.engine_args)),
+                      router_args=router_args,
+                      engine_args=tuple(w for arg in a.engine_args for w in shlex.split(arg)),
                       max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
                       kv_cache_gib=a.kv_cache_gib, dtype=a.dtype, fake_delay_s=a.fake_delay_s,
                       fake_slots=a.fake_slots, fake_vocab_size=a.fake_vocab_size, log_dir=a.log_dir,
@@ -603,4 +484,8 @@ def serve_main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    sys.exit(engine_main(args[1:]) if args[:1] == ["engine"] else serve_main(args))
+    if args[:1] == ["engine"]:  # the fake engine's old command line
+        from labkit.engines.fake_server import engine_main
+
+        sys.exit(engine_main(args[1:]))
+    sys.exit(serve_main(args))

@@ -317,7 +317,7 @@ def make_engine(cfg: RunConfig, path: str, policy, tokenizer) -> Engine:
     """The engine cfg.engine names (auto: vLLM on a GPU when importable, else transformers),
     or with --rollout-mode http the engines behind --router-url, given the policy's weights."""
     if cfg.rollout_mode == "http":
-        from labkit.client import HttpEngine
+        from labkit.engines.http import HttpEngine
         from labkit.watchdog import Watchdog
 
         engine = HttpEngine(

@@ -13,10 +13,10 @@ import pytest
 from aiohttp import web
 
 from labkit.client import (
-    EventLog, HttpEngine, RetryPolicy, RolloutClient, RolloutFailed, RolloutStopped,
-    RouterUnavailable, error_code,
+    EventLog, RetryPolicy, RolloutClient, RolloutFailed, RolloutStopped, RouterUnavailable, error_code,
 )
 from labkit.engines.base import Sampling
+from labkit.engines.http import HttpEngine
 from labkit.watchdog import Policy, Watchdog
 
 

@@ -1,4 +1,4 @@
-"""Rollouts over HTTP from the launcher: the flags, the client/ metrics, the weight sync.
+"""Rollouts over HTTP from the launcher: the flags, resume, client/ metrics, the weight sync.
 
 The end-to-end test runs `train` with `--rollout-mode http` against fake engines behind
 vllm-router (labkit.serve's fake backend): every answer goes through the router, and after
@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,12 +24,19 @@ import torch
 from aiohttp import web
 
 from labkit.checkpoint import latest_checkpoint
-from labkit.client import HttpEngine, RouterUnavailable, WeightSyncFailed, sync_weights, write_weights
+from labkit.client import RouterUnavailable
 from labkit.config import ConfigError, RunConfig, config_from_args
+from labkit.engines.http import (
+    STALE_SYNC_AGE_S, SYNC_FOLDER_PREFIX, HttpEngine, WeightSyncFailed, make_sync_folder,
+    remove_stale_sync_folders, sync_weights, write_weights,
+)
 from labkit.metrics import METRICS
+from labkit.run import open_run_folder
+from labkit.runlog import RunLogError
 from labkit.serve import Cluster, ServeConfig, ServeError, find_free_base_port, router_binary
 from labkit.trainer import train
 
+REPO = Path(__file__).parents[1]
 
 def have_router() -> bool:
     try:
@@ -56,6 +68,16 @@ def test_http_mode_without_router_url_is_refused_naming_the_fix():
         RunConfig(max_open_requests=0).check()
 
 
+def test_a_run_resumes_against_a_new_router(tmp_path):
+    cfg = RunConfig(rollout_mode="http", router_url="http://127.0.0.1:8000", output_dir=str(tmp_path),
+                    run_name="r")
+    run_dir, _, _ = open_run_folder(cfg, None)
+    moved = cfg.replace(router_url="http://10.0.0.2:9000", max_open_requests=64)
+    assert open_run_folder(moved, run_dir)[0] == run_dir
+    with pytest.raises(RunLogError, match="--rollout-mode: folder has 'http', given 'colocate'"):
+        open_run_folder(moved.replace(rollout_mode="colocate"), run_dir)  # still refused
+
+
 # ---------------------------------------------------------------------- client/ metrics
 def test_step_metrics_count_the_events_of_one_step_then_start_again():
     engine = HttpEngine("http://127.0.0.1:9")  # never contacted: events are fed by hand
@@ -79,7 +101,8 @@ def test_step_metrics_count_the_events_of_one_step_then_start_again():
 def test_served_vllm_engines_start_ready_for_the_weight_sync(tiny_model_dir):
     import importlib
 
-    from labkit.serve import LOAD_WEIGHTS_METHOD, WORKER_EXTENSION, engine_command, engine_env
+    from labkit.engines.served_sync import LOAD_WEIGHTS_METHOD, WORKER_EXTENSION
+    from labkit.serve import engine_command, engine_env
 
     cfg = ServeConfig(backend="vllm", model=str(tiny_model_dir), vllm_python="python", dtype="float32")
     cmd = " ".join(engine_command(cfg, 8001))
@@ -137,6 +160,67 @@ def test_weights_file_holds_a_tied_weight_once_in_the_asked_dtype(tmp_path):
     assert set(got) == {"0.weight", "1.bias"} and got["1.bias"].dtype == torch.bfloat16
     assert torch.equal(got["0.weight"], model[0].weight.detach().bfloat16())
     assert [f.name for f in tmp_path.iterdir()] == ["w.safetensors"]  # no half-written file left
+
+
+# ---------------------------------------------------------------------- weights left behind
+KILLED_MID_SYNC = """
+import os, signal, sys
+from labkit.engines.http import make_sync_folder
+folder = make_sync_folder(sys.argv[1])
+(folder / "weights-0.safetensors.part").write_bytes(b"half a file")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def killed_trainer_folder(root: Path, age_s: float = 0.0) -> Path:
+    """The sync folder a trainer left when it was killed (SIGKILL) while writing weights."""
+    child = subprocess.Popen([sys.executable, "-c", KILLED_MID_SYNC, str(root)], cwd=REPO)
+    assert child.wait(timeout=60) == -signal.SIGKILL
+    (folder,) = [d for d in root.iterdir() if d.name.startswith(f"{SYNC_FOLDER_PREFIX}{child.pid}-")]
+    os.utime(folder, (time.time() - age_s,) * 2)
+    return folder
+
+
+def test_a_folder_left_by_a_trainer_killed_mid_sync_is_removed_once_stale(tmp_path):
+    left = killed_trainer_folder(tmp_path)
+    mine = make_sync_folder(str(tmp_path))  # this process is alive: kept
+    no_pid = tmp_path / f"{SYNC_FOLDER_PREFIX}abc123"  # an older labkit's name: kept
+    no_pid.mkdir()
+    assert remove_stale_sync_folders([tmp_path]) == []  # young: its trainer may be elsewhere
+    for d in (left, mine, no_pid):
+        os.utime(d, (time.time() - STALE_SYNC_AGE_S - 1,) * 2)
+    assert remove_stale_sync_folders([tmp_path]) == [left.resolve()]
+    assert sorted(tmp_path.iterdir()) == sorted([mine, no_pid])
+
+
+def test_a_failed_sync_leaves_no_weights_and_the_first_removes_stale_folders(tmp_path, monkeypatch):
+    import tempfile
+
+    from labkit.engines import http
+
+    killed_trainer_folder(tmp_path, age_s=STALE_SYNC_AGE_S + 1)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(http, "_fast_tmp", lambda need_bytes: None)  # the temp folder, not /dev/shm
+    engine = HttpEngine(f"http://127.0.0.1:{find_free_base_port(1)}")  # nothing listens
+    with pytest.raises(RouterUnavailable):
+        engine.update_weights(torch.nn.Linear(2, 2))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_write_cut_short_leaves_no_part_file_in_weights_dir(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    def cut_short(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"half a file")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", cut_short)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    engine = HttpEngine("http://127.0.0.1:9", weights_dir=shared)  # never contacted
+    with pytest.raises(OSError, match="No space left"):
+        engine.update_weights(torch.nn.Linear(2, 2))
+    assert list(shared.iterdir()) == []
 
 
 # ---------------------------------------------------------------------- the launcher end to end

@@ -109,7 +109,7 @@ def served_logprobs(url: str, prompt: list[int], answer: list[int]) -> torch.Ten
 
 # ---------------------------------------------------------------------- the proof
 def test_update_weights_reaches_every_engine_behind_the_router(cluster, trainer_model, prompt_ids):
-    from labkit.client import HttpEngine
+    from labkit.engines.http import HttpEngine
 
     engine = HttpEngine(cluster.url, max_open_requests=8, sync_dtype=torch.float32)
     urls = cluster.engine_urls()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import json
 import os
@@ -15,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from labkit.client import HttpEngine, RolloutClient
+from labkit.client import RolloutClient
 from labkit.engines.base import Sampling
+from labkit.engines.http import HttpEngine
 from labkit.serve import (
-    Cluster, PortInUse, ServeConfig, ServeError, check_ports_free, find_free_base_port,
-    group_members, router_binary,
+    Cluster, PortInUse, ServeConfig, ServeError, check_ports_free, config_from_args, engine_command,
+    find_free_base_port, group_members, router_binary,
 )
 
 REPO = Path(__file__).parents[1]
@@ -63,6 +65,21 @@ def test_a_port_in_use_is_refused_before_anything_starts(tmp_path):
         with pytest.raises(PortInUse):
             cluster.start()
         assert cluster.procs == []
+
+
+EAGER_64 = ("--enforce-eager", "--max-num-seqs", "64")
+
+
+@pytest.mark.parametrize("argv", [
+    ["--dtype", "float32", "--engine-args", "--enforce-eager", "--max-num-seqs", "64"],  # the rest
+    ["--dtype", "float32", "--engine-args", "--enforce-eager --max-num-seqs 64"],  # one string
+    ["--engine-args=--enforce-eager --max-num-seqs 64", "--dtype", "float32"],  # = form, then more
+], ids=["rest-of-line", "quoted", "equals"])
+def test_engine_args_that_start_with_a_dash_reach_the_engine(argv):
+    cfg, _ = config_from_args(argv)
+    assert cfg.engine_args == EAGER_64 and cfg.dtype == "float32"
+    assert tuple(engine_command(dataclasses.replace(cfg, backend="fake"), 8001)[-3:]) == EAGER_64
+    assert config_from_args(["--engine-args", "--enforce-eager"])[0].engine_args == ("--enforce-eager",)
 
 
 def test_engines_without_router_answer_and_stop_cleanly(tmp_path):

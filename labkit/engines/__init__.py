@@ -1,4 +1,4 @@
-"""Rollout engines behind one interface (`base.Engine`): transformers (`hf`) and vLLM (`vllm`)."""
+"""Rollout engines behind one interface (`base.Engine`): transformers, vLLM, a router over HTTP."""
 
 from labkit.engines.base import Completion, Engine, Sampling
 

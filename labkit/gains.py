@@ -1,0 +1,169 @@
+"""The reward gain of each run and group size, read against the seed spread.
+
+The course's first question of its group-size runs (section "Choose the group size"): does
+the group size change how much the reward rises? The *gain* of a run is the mean reward of
+steps 16-23 minus that of steps 0-7. Seeds of one group size differ by as much as group
+sizes do, so a gain is read against the seed spread (min to max) of a reference group size
+(8 answers), not against zero: "inside one range" or not. A bootstrap over the steps of the
+two windows shows how noisy one run's gain is.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from labkit.metrics import STEP
+from labkit.runframe import REWARD, AnalysisError, Runs, _steps_text, as_runs
+
+EARLY = (0, 7)  # the course's windows: steps 0-7 and 16-23 of a 24-step run
+LATE = (16, 23)
+REFERENCE = 8  # the group size whose seeds give the range
+
+
+def _check_window(window: tuple[int, int], name: str) -> tuple[int, int]:
+    a, b = (int(x) for x in window)
+    if not 0 <= a <= b:
+        raise AnalysisError(f"{name}={window}: a window is (first step, last step) with 0 <= first <= last")
+    return a, b
+
+
+def window_rewards(run: pd.DataFrame, window: tuple[int, int]) -> np.ndarray:
+    """The mean reward of each step first..last of one run's rows (`window` = (first, last)).
+
+    Refuses (AnalysisError naming the run) a run without rewards, one too short for the
+    window, or one missing a step of it: the gain is never a silent NaN.
+    """
+    name = run["run"].iat[0]
+    a, b = window
+    if REWARD not in run or run[REWARD].isna().all():
+        keys = [c for c in run.columns if "/" in c][:8]
+        raise AnalysisError(f"run {name} logged no {REWARD}, so it has no gain "
+                            f"(its steps have {', '.join(keys) or 'no metric'})")
+    first, last = int(run[STEP].min()), int(run[STEP].max())
+    if last < b or first > a:
+        raise AnalysisError(
+            f"run {name} has steps {first} to {last}, too short for the window {a}-{b}; let it "
+            f"finish, or pass early= and late= windows inside steps {first}-{last}")
+    inside = run[(run[STEP] >= a) & (run[STEP] <= b)]
+    rewards = pd.to_numeric(inside[REWARD], errors="coerce")
+    missing = sorted(set(range(a, b + 1)) - set(inside.loc[rewards.notna(), STEP]))
+    if missing:
+        raise AnalysisError(f"run {name} has no reward for step(s) {_steps_text(missing)} of the "
+                            f"window {a}-{b}; the gain needs every step of both windows")
+    return rewards.to_numpy(float)
+
+
+def bootstrap_gain(windows: list[tuple[np.ndarray, np.ndarray]], rng: np.random.Generator,
+                   *, n_boot: int = 2000, ci: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of the mean gain over `windows` ((early, late) rewards, one pair
+    per seed), resampling the steps of each window with replacement `n_boot` times."""
+    gains = np.zeros(n_boot)
+    for early, late in windows:
+        gains += _resampled_means(late, rng, n_boot) - _resampled_means(early, rng, n_boot)
+    low, high = np.quantile(gains / len(windows), [(1 - ci) / 2, (1 + ci) / 2])
+    return float(low), float(high)
+
+
+def _resampled_means(x: np.ndarray, rng: np.random.Generator, n_boot: int) -> np.ndarray:
+    return x[rng.integers(0, len(x), size=(n_boot, len(x)))].mean(axis=1)
+
+
+def _windows(runs: pd.DataFrame, early, late) -> list[tuple[pd.Series, np.ndarray, np.ndarray]]:
+    early, late = _check_window(early, "early"), _check_window(late, "late")
+    return [(run.iloc[0], window_rewards(run, early), window_rewards(run, late))
+            for _, run in runs.groupby("run", sort=False)]
+
+
+def run_gains(runs: Runs, *, early=EARLY, late=LATE, n_boot: int = 2000, ci: float = 0.95,
+              seed: int = 0) -> pd.DataFrame:
+    """Each run's gain, mean reward of `late` minus that of `early` (steps, inclusive).
+
+    Returns one row per run: run, group_size, seed, early_mean, late_mean, gain, ci_low,
+    ci_high (bootstrap over the steps of the windows; seeded by `seed` and the run name,
+    so the same runs always give the same interval).
+    """
+    rows = []
+    for head, early_r, late_r in _windows(as_runs(runs), early, late):
+        rng = np.random.default_rng([seed, zlib.crc32(str(head.run).encode())])
+        low, high = bootstrap_gain([(early_r, late_r)], rng, n_boot=n_boot, ci=ci)
+        rows.append(dict(run=head.run, group_size=int(head.group_size), seed=head.seed,
+                         early_mean=early_r.mean(), late_mean=late_r.mean(),
+                         gain=late_r.mean() - early_r.mean(), ci_low=low, ci_high=high))
+    return pd.DataFrame(rows)
+
+
+def group_gains(runs: Runs, *, early=EARLY, late=LATE, n_boot: int = 2000, ci: float = 0.95,
+                seed: int = 0) -> pd.DataFrame:
+    """The gain per group size: one row per group size, smallest first.
+
+    Columns: group_size, seeds (runs), seed_values, gains (one per run), spread_low and
+    spread_high (min and max over the seeds), mean_gain, ci_low and ci_high (bootstrap of the
+    mean gain over the steps of every seed; seeded by `seed` and the group size).
+    """
+    by_group: dict[int, list] = {}
+    for head, early_r, late_r in _windows(as_runs(runs), early, late):
+        by_group.setdefault(int(head.group_size), []).append((head, early_r, late_r))
+    rows = []
+    for g in sorted(by_group):
+        members = by_group[g]
+        pairs = [(early_r, late_r) for _, early_r, late_r in members]
+        gains = [late_r.mean() - early_r.mean() for early_r, late_r in pairs]
+        low, high = bootstrap_gain(pairs, np.random.default_rng([seed, g]), n_boot=n_boot, ci=ci)
+        rows.append(dict(group_size=g, seeds=len(members), seed_values=[h.seed for h, _, _ in members],
+                         gains=gains, spread_low=min(gains), spread_high=max(gains),
+                         mean_gain=float(np.mean(gains)), ci_low=low, ci_high=high))
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class Verdict:
+    """The answer to "are all gains inside one range?": `inside` is None when it cannot be judged."""
+
+    inside: bool | None
+    reference: int
+    low: float = float("nan")
+    high: float = float("nan")
+    outside: list[str] = field(default_factory=list)
+    text: str = ""
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def inside_one_range(gains: Runs, reference: int = REFERENCE, **gain_options) -> Verdict:
+    """Does every run's gain fall inside the range (min to max) of the reference group's seeds?
+
+    `gains`: a frame from `run_gains`, or runs (then `gain_options` go to run_gains).
+    Returns a Verdict whose text says it in words; `inside` is None when the reference group
+    has a single seed. Raises AnalysisError when no run has the reference group size.
+    """
+    if not (isinstance(gains, pd.DataFrame) and "gain" in gains):
+        gains = run_gains(gains, **gain_options)
+    ref = gains[gains.group_size == reference]
+    if ref.empty:
+        present = ", ".join(str(g) for g in sorted(gains.group_size.unique()))
+        raise AnalysisError(f"no run has {reference} answers per prompt (group sizes here: "
+                            f"{present}); pass reference= one of them, or add runs of {reference}")
+    low, high = ref.gain.min(), ref.gain.max()
+    if len(ref) < 2:
+        return Verdict(None, reference, low, high, text=(
+            f"Cannot judge: {reference} answers has one seed, and a range needs two or more; "
+            f"run more seeds of {reference} answers (--seed)"))
+    others = gains[gains.group_size != reference]
+    out = others[(others.gain < low - 1e-12) | (others.gain > high + 1e-12)]
+    span = f"the {len(ref)} seeds at {reference} answers span {low:+.3f} to {high:+.3f}"
+    def listed(rows: pd.DataFrame) -> str:
+        return ", ".join(f"{r.run} ({r.group_size} answers) {r.gain:+.3f}" for r in rows.itertuples())
+
+    if out.empty:
+        text = (f"Inside one range: {span}, and every other run falls inside it"
+                f"{': ' + listed(others) if len(others) else ''}. No effect of the group size "
+                f"on the gain stands out from the seed noise.")
+    else:
+        text = (f"Not inside one range: {span}, and {len(out)} run(s) fall outside: "
+                f"{listed(out)}. Run more seeds of those group sizes before calling it an effect.")
+    return Verdict(out.empty, reference, low, high, list(out.run), text)

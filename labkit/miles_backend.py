@@ -1,0 +1,281 @@
+"""`labkit launch --backend miles`: the recipe as a run folder for a miles cluster, and the
+reward hook miles calls back.
+
+The run folder holds run_miles.sh (train.py's flags from labkit.miles_command, in a bash
+script that checks its inputs, starts Ray and tees miles' output to miles.log), the prompt
+file(s) and labkit_miles.json (config, command, miles commit). Two choices make miles run
+the experiment labkit runs:
+
+* Reward. miles' `--rm-type math` grades only a `\\boxed{}` answer (grade_answer_verl in
+  `miles/rollout/rm_hub/__init__.py` @ 03f9cab162fafe8e71ee0a234b46344114d87e76), but
+  labkit's prompt asks for `#### 42`. So the script also passes `--custom-rm-path
+  labkit.miles.miles_reward` (`miles_reward` here), which scores with labkit's own reward
+  (miles prefers a custom path over the rm type); labkit must be importable where miles runs.
+* Prompts. The prompt file holds labkit's messages and labels in labkit's prompt order
+  (`data.rollout_problems`), and the script does not pass `--rollout-shuffle`, so miles'
+  step k sees the prompts labkit's step k sees, whatever the batch size: miles' default data
+  source, `miles.rollout.data_source.RolloutDataSource`, reads rows in file order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Optional
+
+from labkit.config import RECIPE_MODEL, RunConfig
+from labkit.miles_command import (INPUT_KEY, LABEL_KEY, MilesUnsupported, build_command,
+                                  default_differences, format_differences)
+from labkit.miles_log import LOG, TRAIN_ARGS
+
+if TYPE_CHECKING:
+    from labkit.data import Problem
+
+SCRIPT = "run_miles.sh"
+PROMPTS = "prompts_train.jsonl"
+EVAL_PROMPTS = "prompts_eval.jsonl"
+PROVENANCE = "labkit_miles.json"
+# Megatron needs the architecture as flags; miles keeps them per model in scripts/models/.
+MODEL_ARGS_SCRIPTS = {RECIPE_MODEL: "scripts/models/qwen2.5-0.5B.sh"}
+
+
+# ------------------------------------------------------------------ the script
+def _shell_word(word: str) -> str:
+    """A word for bash: a $VAR reference is double-quoted (expanded), anything else quoted."""
+    return f'"{word}"' if word.startswith("$") else shlex.quote(word)
+
+
+def _array_lines(argv: list[str]) -> str:
+    """train.py's flags as bash array lines, one flag and its values per line."""
+    lines, current = [], []
+    for word in argv:
+        if word.startswith("--") and current:
+            lines.append(current)
+            current = []
+        current.append(_shell_word(word))
+    lines.append(current)
+    return "\n".join("   " + " ".join(line) for line in lines if line)
+
+
+# Ray's runtime env for train.py: Megatron on the path, labkit's custom reward (if any).
+_RUNTIME_ENV = ('{"env_vars": {"PYTHONPATH": "\'"$MEGATRON_PATH:${PYTHONPATH:-}"\'", '
+                '"CUDA_DEVICE_MAX_CONNECTIONS": "1", '
+                '"LABKIT_CUSTOM_RM_PATH": "\'"${LABKIT_CUSTOM_RM_PATH:-}"\'"}}')
+
+_SCRIPT_TEMPLATE = """#!/usr/bin/env bash
+# The labkit recipe on miles (github.com/radixark/miles): {p} prompts x \
+{n} answers, global batch {g}, {num_rollout} rollouts.
+# Written by `labkit launch --backend miles`; labkit/miles.py maps each RunConfig flag to miles'.
+#
+# Run it where miles runs (e.g. in the miles docker image), on {gpus} GPU(s):
+#     bash {script}
+# The course's overrides work as with labkit (MILES_EXTRA_ARGS goes last and wins):
+#     MILES_NUM_ROLLOUT=24 MILES_EXTRA_ARGS="--n-samples-per-prompt 4 --global-batch-size 128" bash {script}
+# Paths are environment variables with defaults below. Read the run back in a notebook:
+#     labkit.miles.read_miles_log("<this folder>/{log}")
+set -euo pipefail
+die() {{ echo "{script}: $*" >&2; exit 1; }}
+
+HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+: "${{MILES_DIR:=$HOME/miles}}"
+: "${{MEGATRON_PATH:=$HOME/Megatron-LM}}"
+: "${{HF_CHECKPOINT:={hf}}}"
+: "${{MODEL_ARGS_SCRIPT:={model_args}}}"
+: "${{PROMPT_DATA:=${{HERE}}/{prompts}}}"
+: "${{SAVE_DIR:=$HERE/checkpoint}}"
+: "${{MILES_LOG:=$HERE/{log}}}"
+: "${{LABKIT_CUSTOM_RM_PATH:={custom_rm}}}"
+export LABKIT_CUSTOM_RM_PATH
+[ -d "$MILES_DIR" ] || die "no miles checkout at $MILES_DIR; set MILES_DIR"
+[ -d "$HF_CHECKPOINT" ] || die "no model at $HF_CHECKPOINT; run: hf download {model} --local-dir $HF_CHECKPOINT (or set HF_CHECKPOINT)"
+[ -f "${{MODEL_ARGS_SCRIPT:-}}" ] || die "no Megatron model flags at '${{MODEL_ARGS_SCRIPT:-}}'; set MODEL_ARGS_SCRIPT to miles' scripts/models/<model>.sh"
+[ -f "$PROMPT_DATA" ] || die "no prompts at $PROMPT_DATA; write them with labkit launch --backend miles (no --dry-run)"
+{eval_lines}python3 -c "import labkit.reward" 2>/dev/null || die "labkit is not importable; miles scores with labkit's reward: pip install labkit (or add it to PYTHONPATH)"
+
+source "$MODEL_ARGS_SCRIPT"  # defines MODEL_ARGS, the architecture flags Megatron needs
+declare -p MODEL_ARGS >/dev/null 2>&1 || die "$MODEL_ARGS_SCRIPT defines no MODEL_ARGS array"
+
+TRAIN_ARGS=(
+{train_args}
+)
+WANDB_ARGS=()
+if [ -n "${{WANDB_API_KEY:-}}" ]; then
+   WANDB_ARGS=(--use-wandb --wandb-project "${{WANDB_PROJECT:-labkit}}" --wandb-group {run_name})
+fi
+eval "EXTRA_ARGS=(${{MILES_EXTRA_ARGS:-}})"  # shell-split, as labkit splits it
+ALL_ARGS=("${{MODEL_ARGS[@]}}" "${{TRAIN_ARGS[@]}}" ${{WANDB_ARGS[@]+"${{WANDB_ARGS[@]}}"}} ${{EXTRA_ARGS[@]+"${{EXTRA_ARGS[@]}}"}})
+printf '%s\\n' "${{ALL_ARGS[@]}}" > "$HERE/{train_args_file}"
+
+if [ -z "${{RAY_ADDRESS:-}}" ]; then
+   ray start --head --node-ip-address 127.0.0.1 --num-gpus {gpus} --disable-usage-stats
+   RAY_ADDRESS="http://127.0.0.1:8265"
+fi
+cd "$MILES_DIR"
+ray job submit --address="$RAY_ADDRESS" \\
+   --runtime-env-json='{runtime_env}' \\
+   -- python3 train.py "${{ALL_ARGS[@]}}" 2>&1 | tee "$MILES_LOG"
+"""
+
+
+def render_script(
+    cfg: RunConfig, *, explicit: Iterable[str], gpus: int = 1, model_path: Optional[str] = None,
+    data_path: Optional[str] = None, eval_data_path: Optional[str] = None,
+    save_dir: Optional[str] = None, run_name: str = "labkit-miles",
+) -> str:
+    """The bash script that runs `cfg` on miles (see build_command for the arguments).
+
+    It checks its inputs and names the fix, starts Ray unless RAY_ADDRESS is set, writes
+    the final train.py arguments to train_args.txt and tees miles' output to miles.log,
+    next to itself, where read_miles_log finds both.
+    """
+    argv = build_command(cfg, explicit=explicit, model_path=model_path, data_path=data_path,
+                         eval_data_path=eval_data_path, gpus=gpus, save_dir=save_dir)
+    eval_lines = (f': "${{EVAL_DATA:=$HERE/{EVAL_PROMPTS}}}"\n'
+                  f'[ -f "$EVAL_DATA" ] || die "no held-out prompts at $EVAL_DATA"\n'
+                  if cfg.eval_interval > 0 else "")
+    return _SCRIPT_TEMPLATE.format(
+        p=cfg.rollout_batch_size, n=cfg.n_samples_per_prompt, g=cfg.global_batch_size,
+        num_rollout=cfg.num_rollout, gpus=gpus, model=cfg.model,
+        hf=model_path or f"$HOME/models/{Path(cfg.model).name}",
+        model_args=(f"$MILES_DIR/{MODEL_ARGS_SCRIPTS[cfg.model]}"
+                    if cfg.model in MODEL_ARGS_SCRIPTS else ""),
+        custom_rm=re.sub(r'(["$`\\])', r"\\\1", cfg.custom_rm_path or ""),  # inside "..."
+        eval_lines=eval_lines, train_args=_array_lines(argv[2:]), run_name=shlex.quote(run_name),
+        runtime_env=_RUNTIME_ENV, script=SCRIPT, log=LOG, prompts=PROMPTS,
+        train_args_file=TRAIN_ARGS)
+
+
+# ------------------------------------------------------------------ the prompts
+def write_prompt_data(problems: list["Problem"], path) -> Path:
+    """Write problems as miles' prompt file: one JSON line each, {"messages": labkit's chat
+    messages, "label": the label, "metadata": {"id": ...}}, in the given order. Returns the path."""
+    from labkit.data import build_messages
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for p in problems:
+            row = {INPUT_KEY: build_messages(p.question), LABEL_KEY: p.label,
+                   "metadata": {"id": p.id}}
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def read_prompt_data(path) -> list["Problem"]:
+    """The problems of a prompt file written by write_prompt_data (the question is the last
+    user message), in file order."""
+    from labkit.data import Problem
+
+    out = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            question = [m["content"] for m in row[INPUT_KEY] if m["role"] == "user"][-1]
+            out.append(Problem(row["metadata"]["id"], question, row[LABEL_KEY]))
+    return out
+
+
+def ordered_problems(cfg: RunConfig) -> list["Problem"]:
+    """cfg's training problems in labkit's prompt order, at least one epoch and enough rows
+    for every rollout: row k*P+i is the i-th prompt of labkit's step k at P prompts a step."""
+    from labkit.data import load_problems, rollout_problems
+
+    problems = load_problems(cfg.data, "train", seed=cfg.seed, synthetic_steps=cfg.synthetic_steps)
+    rows = max(len(problems), cfg.num_rollout * cfg.rollout_batch_size)
+    return rollout_problems(problems, 0, rows, cfg.seed)
+
+
+async def miles_reward(args, sample, **kwargs):
+    """miles' --custom-rm-path hook: labkit's reward for args.rm_type (or the function in
+    env LABKIT_CUSTOM_RM_PATH) on sample.response and sample.label. Takes one miles Sample,
+    or a list of them (--group-rm); returns a float, or a list of floats."""
+    from labkit.reward import score
+
+    fn = _reward_fn(args.rm_type, _custom_rm_path())
+    samples = sample if isinstance(sample, list) else [sample]
+    rewards = await asyncio.to_thread(score, [s.response for s in samples],
+                                      [s.label for s in samples], fn)
+    return rewards if isinstance(sample, list) else rewards[0]
+
+
+def _custom_rm_path() -> Optional[str]:
+    return os.environ.get("LABKIT_CUSTOM_RM_PATH") or None
+
+
+@functools.lru_cache(maxsize=8)
+def _reward_fn(rm_type: str, custom_rm_path: Optional[str]):
+    from labkit.reward import load_reward
+
+    return load_reward(rm_type, custom_rm_path)
+
+
+# ------------------------------------------------------------------ launch
+def default_run_dir(cfg: RunConfig) -> Path:
+    """<output_dir>/<run_name>, or <output_dir>/miles-<P>x<N>-g<G>-seed<S> with no run name."""
+    name = cfg.run_name or (f"miles-{cfg.rollout_batch_size}x{cfg.n_samples_per_prompt}"
+                            f"-g{cfg.global_batch_size}-seed{cfg.seed}")
+    return Path(cfg.output_dir) / name
+
+
+def main(cfg: RunConfig, *, explicit: Iterable[str], dry_run: bool, out_dir: Optional[str] = None,
+         gpus: int = 1) -> int:
+    """`labkit launch --backend miles`: print the script and the default differences; without
+    dry_run also write run_miles.sh and the prompt file(s) to out_dir (default:
+    default_run_dir). Returns the exit code: 2 for a refused flag, an existing script or
+    data that cannot be loaded, with the reason on stderr."""
+    run_dir = Path(out_dir) if out_dir else default_run_dir(cfg)
+    try:
+        script = render_script(cfg, explicit=explicit, gpus=gpus, run_name=run_dir.name)
+    except MilesUnsupported as e:
+        print(f"labkit launch --backend miles: {e}", file=sys.stderr)
+        return 2
+    print(script)
+    print("Flags where the recipe differs from a bare miles run (all are passed explicitly):")
+    print(format_differences(default_differences(cfg)))
+    if dry_run:
+        print("\n(dry run: nothing written; drop --dry-run to write the script and the prompts)")
+        return 0
+    if (run_dir / SCRIPT).exists():
+        print(f"labkit launch --backend miles: {run_dir / SCRIPT} exists; choose another "
+              f"--run-name or --output-dir", file=sys.stderr)
+        return 2
+    try:
+        write_run_folder(cfg, run_dir, script, explicit=explicit, gpus=gpus)
+    except (ValueError, OSError, ImportError, RuntimeError) as e:  # data.py's errors name the fix
+        print(f"labkit launch --backend miles: {e}", file=sys.stderr)
+        return 2
+    print(f"\nwrote {run_dir / SCRIPT}, {run_dir / PROMPTS}"
+          + (f", {run_dir / EVAL_PROMPTS}" if cfg.eval_interval > 0 else ""))
+    print(f"copy {run_dir} to the cluster, then run:  bash {run_dir / SCRIPT}\n"
+          f"read it back:  labkit.miles.read_miles_log('{run_dir / LOG}')")
+    return 0
+
+
+def write_run_folder(cfg: RunConfig, run_dir: Path, script: str, *, explicit: Iterable[str],
+                     gpus: int = 1) -> Path:
+    """Write the script (executable), the prompts (and held-out prompts when eval is on) and
+    labkit_miles.json (config, command, miles commit) into run_dir; return run_dir."""
+    from labkit import __version__
+    from labkit.data import split_eval
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_prompt_data(ordered_problems(cfg), run_dir / PROMPTS)
+    if cfg.eval_interval > 0:
+        held_out = split_eval(cfg.data, cfg.eval_split_size, synthetic_steps=cfg.synthetic_steps)
+        write_prompt_data(held_out, run_dir / EVAL_PROMPTS)
+    info = {"labkit_version": __version__, "config": cfg.to_dict(), "explicit": sorted(explicit),
+            "train_args": build_command(cfg, explicit=explicit, gpus=gpus)[2:],
+            "miles": "radixark/miles, flags as of miles/utils/arguments.py @ 00e365d9"}
+    (run_dir / PROVENANCE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    path = run_dir / SCRIPT
+    path.write_text(script)
+    path.chmod(0o755)
+    return run_dir

@@ -1,0 +1,239 @@
+"""The miles command line of a RunConfig: train.py's flags, the knobs miles cannot take, and
+where the recipe's command departs from miles' defaults.
+
+The course's recipe comes from miles (github.com/radixark/miles, a sibling of THUDM/slime:
+SGLang rollouts, Megatron training, Ray). `build_command` spells a RunConfig as the
+arguments of miles' train.py, grouped by family; labkit.miles_backend wraps them in a
+launch script. What was matched, and where (radixark/miles at these commits):
+
+* flags and defaults: `miles/utils/arguments.py` @ 00e365d95b8ea10495403d0ea3e075d6f830654b;
+  Megatron-LM's own defaults for the flags miles does not reset (dropouts 0.1, weight
+  decay 0.01, Adam beta2 0.999, linear LR decay);
+* the shape of a Qwen2.5-0.5B GSM8K run: `tests/e2e/short/test_qwen2.5_0.5B_gsm8k_short.py`
+  @ 062c380287a6dc733e7f9dd5ff10d0d62b8ddc3c (Megatron + bridge, colocated, messages/label).
+
+Every value is passed explicitly (miles' defaults differ: `default_differences`),
+`MILES_NUM_ROLLOUT` sets `--num-rollout` at run time and `MILES_EXTRA_ARGS` goes last,
+where miles' argparse keeps the last value: the course's `-e` lines work unchanged. The
+reward is labkit's own, through `--custom-rm-path` (see labkit.miles_backend). Knobs miles
+has no equivalent for are refused by name (`refuse_unsupported`), never dropped silently.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Iterable, Optional
+
+from labkit.config import EMBEDDED_MODEL, RECIPE_MODEL, RunConfig
+
+INPUT_KEY, LABEL_KEY = "messages", "label"  # the prompt file's fields (labkit.miles_backend)
+EVAL_NAME = "heldout"  # eval/<name> in miles' log
+REWARD_HOOK = "labkit.miles.miles_reward"  # the public path of miles_backend.miles_reward
+
+# RunConfig fields with no miles equivalent, and what to do instead.
+UNSUPPORTED = {
+    "engine": "miles always generates with SGLang",
+    "dtype": "Megatron's precision is a model flag (--bf16); set it in MILES_EXTRA_ARGS",
+    "time_limit": "miles has no wall-time stop; use your scheduler's time limit",
+    "heat_pause_c": "miles has no heat guard",
+    "heat_resume_c": "miles has no heat guard",
+    "progress": "labkit's progress bar; miles logs every step",
+    "n_logged_prompts": "miles keeps no samples.jsonl (see its --save-debug-rollout-data)",
+    "router_url": "only for --rollout-mode http, which --backend miles refuses; drop it",
+    "max_open_requests": "only for --rollout-mode http, which --backend miles refuses; drop it",
+}
+# --rollout-mode http is refused by its value (colocate is what miles does with --colocate).
+HTTP_ROLLOUTS = ("http sends each answer to the engines behind `labkit serve`'s router, and "
+                 "miles cannot: it starts its own SGLang engines and loads new weights into "
+                 "them itself. Drop --rollout-mode http (and --router-url, --max-open-requests) "
+                 "for --backend miles, or drop --backend miles to train with labkit against "
+                 "the router")
+
+# miles' default for each flag the recipe sets (None: unset, miles derives it or fails).
+MILES_DEFAULTS: dict[str, object] = {
+    "--rollout-batch-size": None, "--n-samples-per-prompt": 1, "--global-batch-size": None,
+    "--num-rollout": None, "--rollout-max-response-len": None, "--rollout-temperature": 1.0,
+    "--rollout-top-p": 1.0, "--rollout-seed": 42, "--micro-batch-size": 1, "--lr": 1e-6,
+    "--lr-decay-style": "linear", "--adam-beta1": 0.9, "--adam-beta2": 0.999,
+    "--weight-decay": 0.01, "--clip-grad": 1.0, "--seed": 1234, "--eps-clip": 0.2,
+    "--eps-clip-high": None, "--kl-loss-coef": 0.0, "--use-kl-loss": False,
+    "--kl-loss-type": "k1", "--entropy-coef": 0.0, "--calculate-per-token-loss": False,
+    "--disable-grpo-std-normalization": False, "--rm-type": None, "--custom-rm-path": None,
+    "--input-key": "input", "--label-key": None, "--apply-chat-template": False,
+    "--eval-interval": None, "--save-interval": None, "--colocate": False,
+    "--actor-num-gpus-per-node": 8, "--num-gpus-per-node": 8,
+    "--sglang-mem-fraction-static": None, "--attention-dropout": 0.1, "--hidden-dropout": 0.1,
+}
+
+# What miles does with a flag it was not given (None above).
+UNSET_MEANS = {
+    "--num-rollout": "unset (from data size x --num-epoch)",
+    "--eps-clip-high": "unset (= --eps-clip)",
+    "--rollout-max-response-len": "unset (SGLang's max)",
+    "--sglang-mem-fraction-static": "unset (SGLang picks)",
+}
+
+
+class MilesUnsupported(ValueError):
+    """Flags set on the command line that miles cannot honour; `.flags` lists them."""
+
+    def __init__(self, reasons: dict[str, str]):
+        self.flags = list(reasons)
+        lines = [f"  {flag}: {why}" for flag, why in reasons.items()]
+        super().__init__("these flags have no miles equivalent; drop them for "
+                         "--backend miles:\n" + "\n".join(lines))
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _num(x: float) -> str:
+    return repr(float(x))
+
+
+def refuse_unsupported(cfg: RunConfig, explicit: Iterable[str]) -> None:
+    """Raise MilesUnsupported naming each explicitly set flag miles cannot honour, and
+    --rollout-mode http (set or not: miles generates with its own engines)."""
+    reasons = {"--rollout-mode": HTTP_ROLLOUTS} if cfg.rollout_mode == "http" else {}
+    reasons.update({_flag(f): UNSUPPORTED[f] for f in sorted(explicit) if f in UNSUPPORTED})
+    if cfg.model == EMBEDDED_MODEL or str(cfg.model).endswith(".gguf"):
+        reasons["--model"] = (f"{cfg.model!r} is a GGUF file; miles trains a Hugging Face "
+                              f"checkpoint, e.g. --model {RECIPE_MODEL}")
+    if reasons:
+        raise MilesUnsupported(reasons)
+
+
+# ------------------------------------------------------------------ the command
+def build_command(
+    cfg: RunConfig, *, explicit: Iterable[str], model_path: Optional[str] = None,
+    data_path: Optional[str] = None, eval_data_path: Optional[str] = None, gpus: int = 1,
+    save_dir: Optional[str] = None,
+) -> list[str]:
+    """The miles invocation of `cfg`: ["python3", "train.py", *flags], grouped by family.
+
+    Paths left None are shell variables the script defines ($HF_CHECKPOINT, $PROMPT_DATA,
+    $EVAL_DATA, $SAVE_DIR); `--num-rollout` reads MILES_NUM_ROLLOUT at run time. Megatron's
+    architecture flags (MODEL_ARGS) and MILES_EXTRA_ARGS are added by the script around
+    these. Raises MilesUnsupported for explicit flags miles cannot honour.
+    """
+    refuse_unsupported(cfg, explicit)
+    if gpus < 1:
+        raise ValueError(f"gpus must be >= 1, got {gpus}")
+    hf = model_path or "$HF_CHECKPOINT"
+    num_rollout = f"${{MILES_NUM_ROLLOUT:-{cfg.num_rollout}}}"
+    a = ["python3", "train.py"]
+    # weights: Megatron reads the HF checkpoint through the bridge; --ref-load is its start
+    a += ["--hf-checkpoint", hf, "--ref-load", hf, "--megatron-to-hf-mode", "bridge"]
+    # prompts: labkit's messages and labels, already in labkit's order (no --rollout-shuffle)
+    a += ["--prompt-data", data_path or "$PROMPT_DATA", "--input-key", INPUT_KEY,
+          "--label-key", LABEL_KEY, "--apply-chat-template"]
+    # rollout (newer miles wants a positive --rollout-top-k once --rollout-top-p < 1)
+    a += ["--rollout-batch-size", str(cfg.rollout_batch_size),
+          "--n-samples-per-prompt", str(cfg.n_samples_per_prompt), "--num-rollout", num_rollout,
+          "--rollout-max-response-len", str(cfg.rollout_max_response_len),
+          "--rollout-temperature", _num(cfg.rollout_temperature),
+          "--rollout-top-p", _num(cfg.rollout_top_p), "--rollout-seed", str(cfg.seed)]
+    # training: AdamW at a constant learning rate, as labkit's trainer
+    a += ["--global-batch-size", str(cfg.global_batch_size),
+          "--micro-batch-size", str(cfg.micro_batch_size), "--optimizer", "adam",
+          "--lr", _num(cfg.lr), "--lr-decay-style", "constant",
+          "--adam-beta1", _num(cfg.adam_beta1), "--adam-beta2", _num(cfg.adam_beta2),
+          "--weight-decay", _num(cfg.weight_decay), "--clip-grad", _num(cfg.clip_grad),
+          "--seed", str(cfg.seed)]
+    if cfg.gradient_checkpointing:
+        a += ["--recompute-granularity", "full", "--recompute-method", "uniform",
+              "--recompute-num-layers", "1"]
+    a += _algorithm_flags(cfg)
+    # reward: miles prefers --custom-rm-path, which scores with labkit's reward for --rm-type
+    a += ["--rm-type", cfg.rm_type, "--custom-rm-path", REWARD_HOOK]
+    if cfg.eval_interval > 0:  # greedy (top-k 1), one answer per held-out problem
+        a += ["--eval-interval", str(cfg.eval_interval),
+              "--eval-prompt-data", EVAL_NAME, eval_data_path or "$EVAL_DATA",
+              "--n-samples-per-eval-prompt", "1",
+              "--eval-max-response-len", str(cfg.rollout_max_response_len), "--eval-top-k", "1"]
+    # checkpoint: every K rollouts, or (K = 0) once, after the last one
+    save_every = str(cfg.save_interval) if cfg.save_interval > 0 else num_rollout
+    a += ["--save", save_dir or "$SAVE_DIR", "--save-interval", save_every]
+    # one node; trainer and SGLang share the GPUs (colocated), as in labkit
+    a += ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", str(gpus),
+          "--num-gpus-per-node", str(gpus), "--colocate", "--rollout-num-gpus-per-engine", "1",
+          "--sglang-mem-fraction-static", _num(cfg.rollout_gpu_memory_fraction)]
+    # Megatron: no dropout (trainer log-probs must match the engine's), fp32 reductions
+    a += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0",
+          "--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32"]
+    return a
+
+
+def _algorithm_flags(cfg: RunConfig) -> list[str]:
+    """GRPO's flags: clip, KL (a reference model only when its weight is > 0), entropy,
+    std normalization and how the loss is averaged."""
+    a = ["--advantage-estimator", cfg.advantage_estimator, "--eps-clip", _num(cfg.eps_clip),
+         "--eps-clip-high", _num(cfg.eps_clip_high), "--kl-loss-coef", _num(cfg.kl_loss_coef),
+         "--entropy-coef", _num(cfg.entropy_coef)]
+    if cfg.kl_loss_coef > 0:  # labkit's KL is k3 to the reference model
+        a += ["--use-kl-loss", "--kl-loss-type", "k3"]
+    if cfg.disable_grpo_std_normalization:
+        a.append("--disable-grpo-std-normalization")
+    if cfg.loss_agg_mode == "token-mean":  # miles' default averages per answer (seq-mean)
+        a.append("--calculate-per-token-loss")
+    return a
+
+
+def parse_train_args(argv: Iterable[str]) -> dict[str, object]:
+    """train.py arguments as {flag: value}: a bare flag is True, a flag with several values
+    a list; a repeated flag keeps its last value, as argparse does. Words before the first
+    flag (python3 train.py) are ignored."""
+    out: dict[str, object] = {}
+    flag = None
+    for word in argv:
+        if word.startswith("--"):
+            flag = word
+            out[flag] = True
+        elif flag is not None:
+            value = out[flag]
+            if value is True:
+                out[flag] = word
+            else:
+                out[flag] = (value if isinstance(value, list) else [value]) + [word]
+    return out
+
+
+def _literal(value: object) -> object:
+    """A command value as Python: a ${VAR:-default} shows its default, numbers are numbers."""
+    if isinstance(value, str):
+        m = re.fullmatch(r"\$\{\w+:-(.*)\}", value)
+        value = m.group(1) if m else value
+        for cast in (int, float):
+            try:
+                return cast(value)
+            except ValueError:
+                pass
+    return value
+
+
+def default_differences(cfg: RunConfig) -> list[tuple[str, object, object]]:
+    """(flag, labkit's value, miles' default) for each flag where the recipe's command and a
+    bare miles run differ. Read from the command itself, so the two cannot drift apart."""
+    ours = parse_train_args(build_command(cfg, explicit=()))
+    rows = []
+    for flag, default in MILES_DEFAULTS.items():
+        if flag not in ours and not isinstance(default, bool):
+            continue  # not passed: miles' default is what runs (e.g. --kl-loss-type at KL 0)
+        value = _literal(ours.get(flag, False))
+        same = value == default or (isinstance(value, float) and isinstance(default, float)
+                                    and math.isclose(value, default))
+        if not same:
+            rows.append((flag, value, default))
+    return rows
+
+
+def format_differences(rows: list[tuple[str, object, object]]) -> str:
+    """The default differences as an aligned three-column text table."""
+    head = ("flag", "labkit (passed)", "miles default")
+    cells = [head] + [(f, str(v), UNSET_MEANS.get(f, "unset") if d is None else str(d))
+                      for f, v, d in rows]
+    width = [max(len(r[i]) for r in cells) for i in range(3)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, width)).rstrip() for r in cells]
+    return "\n".join([lines[0], "  ".join("-" * w for w in width), *lines[1:]])

@@ -1,0 +1,306 @@
+"""Run folders and miles logs read into one tidy frame: one row per run and step.
+
+The gains, costs, table and figures of the group-size lesson all start from this frame.
+Each row carries the run's config columns (group size, prompts, global batch, seed, model,
+engine, lr), where it came from, every metric the run logged (labkit.metrics names), and
+heat columns: ``heat_pause_s`` (seconds of heat.jsonl pauses inside the step), ``clean``
+(no heat pause touched the rollout: a GPU that pauses to cool makes a rollout look slow)
+and ``heat_guard`` (the run logged heat/clean). A run that logged no `heat/clean` (made
+before the heat guard) counts its steps as clean unless its heat.jsonl records a pause.
+
+Runs come from labkit run folders (see labkit.runlog) or from miles logs (labkit.miles_log).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Sequence, Union
+
+import numpy as np
+import pandas as pd
+
+from labkit.metrics import STEP
+from labkit.runlog import CONFIG, HEAT, METRICS, STATUS, read_jsonl
+
+REWARD = "rollout/raw_reward"
+ROLLOUT_TIME = "perf/rollout_time"
+TOKENS = "rollout/tokens"
+RESPONSE_LEN = "rollout/response_len/mean"
+ZERO_STD = "rollout/zero_std/frac_groups"
+HEAT_CLEAN = "heat/clean"
+
+MILES_LOG = "miles.log"  # a folder holding it is a miles run (labkit launch --backend miles)
+MILES_INFO = "labkit_miles.json"  # ... and this, when labkit wrote its script, holds the config
+
+# tidy column -> the RunConfig field it is read from
+CONFIG_COLUMNS = {
+    "group_size": "n_samples_per_prompt",
+    "prompts": "rollout_batch_size",
+    "global_batch": "global_batch_size",
+    "seed": "seed",
+    "model": "model",
+    "engine": "engine",
+    "lr": "lr",
+}
+# per-step metrics that stand in when a config lacks the field
+METRIC_FALLBACK = {"group_size": "rollout/n_samples_per_prompt", "prompts": "rollout/n_prompts"}
+
+PathLike = Union[str, os.PathLike]
+Runs = Union[pd.DataFrame, PathLike, Sequence[PathLike]]
+
+
+class AnalysisError(ValueError):
+    """Runs that cannot be read or compared as asked; the message names the run and the fix."""
+
+
+def load_runs(paths: PathLike | Sequence[PathLike]) -> pd.DataFrame:
+    """Read run folders and miles logs into one tidy frame, one row per run and step.
+
+    `paths`: a path or a list of them; each is a run folder, a folder searched for run
+    folders (like ``data/runs``), or a miles log: a file, or a folder holding miles.log
+    (read by `labkit.miles_log.read_miles_log`).
+    Columns: ``run, group_size, prompts, global_batch, seed, model, engine, lr, source, path,
+    status``, the step key ``rollout/step``, every logged metric, and ``heat_pause_s`` (seconds
+    of heat.jsonl pauses inside the step), ``clean`` (no pause touched the rollout),
+    ``heat_guard`` (the run logged heat/clean). Rows are sorted by group size, run, step.
+    """
+    frames, names = [], set()
+    for path, explicit in find_sources(paths):
+        miles = path.is_file() or _is_miles_folder(path)
+        frame = _read_miles(path) if miles else _read_run_folder(path, explicit)
+        if frame is None:
+            continue
+        name = frame["run"].iat[0]
+        if name in names:  # two folders with one name: say which parent each came from
+            name = f"{path.parent.name}/{name}"
+            frame["run"] = name
+        if name in names:
+            raise AnalysisError(f"two runs are both named {name!r} ({path}); rename one folder")
+        names.add(name)
+        frames.append(frame)
+    if not frames:
+        raise AnalysisError(f"no run with a finished step in {_show(paths)}")
+    runs = pd.concat(frames, ignore_index=True)
+    return runs.sort_values(["group_size", "run", STEP], kind="stable", ignore_index=True)
+
+
+def find_sources(paths: PathLike | Sequence[PathLike]) -> list[tuple[Path, bool]]:
+    """The run folders and log files that `paths` names, as (path, named_directly) pairs.
+
+    A run folder (it holds config.json or metrics.jsonl), a miles run folder (miles.log) and
+    a file are taken as they are; any other folder is searched, not inside the run folders it
+    holds, hidden ones skipped.
+    Raises AnalysisError for a path that does not exist or a folder that holds no run.
+    """
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not items:
+        raise AnalysisError("no path given; name run folders or a folder of them, e.g. data/runs")
+    found: list[tuple[Path, bool]] = []
+    for item in map(Path, items):
+        if not item.exists():
+            raise AnalysisError(f"{item} does not exist; name a run folder or a folder of them")
+        if item.is_file() and item.name in (CONFIG, METRICS) and _is_run_folder(item.parent):
+            item = item.parent  # a file of a run folder means its folder
+        if item.is_file() or _is_run_folder(item) or _is_miles_folder(item):
+            found.append((item, True))
+            continue
+        inside = _search_run_folders(item)
+        if not inside:
+            raise AnalysisError(
+                f"{item} holds no run folder (none below it has {CONFIG}, {METRICS} or "
+                f"{MILES_LOG}); "
+                f"name a run folder, a folder of them, or a miles log file"
+            )
+        found += [(p, False) for p in inside]
+    unique, seen = [], set()
+    for path, explicit in found:
+        key = path.resolve()
+        if key in seen:
+            warnings.warn(f"{path} was named twice; it is read once", stacklevel=3)
+            continue
+        seen.add(key)
+        unique.append((path, explicit))
+    return unique
+
+
+def _is_run_folder(path: Path) -> bool:
+    return path.is_dir() and ((path / CONFIG).is_file() or (path / METRICS).is_file())
+
+
+def _is_miles_folder(path: Path) -> bool:
+    return path.is_dir() and (path / MILES_LOG).is_file() and not _is_run_folder(path)
+
+
+def _search_run_folders(top: Path) -> list[Path]:
+    found = []
+    for root, dirs, _ in os.walk(top):
+        if _is_run_folder(Path(root)) or _is_miles_folder(Path(root)):
+            found.append(Path(root))
+            dirs[:] = []  # a run folder's checkpoint/ holds a model config.json, not a run
+        else:
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    return found
+
+
+def _read_run_folder(path: Path, explicit: bool) -> pd.DataFrame | None:
+    """One labkit run folder as tidy rows; None (with a warning) for a run found by search
+    that has no finished step yet."""
+    rows, bad = read_jsonl(path / METRICS)
+    if bad:
+        warnings.warn(
+            f"run {path.name}: skipped {bad} unreadable line(s) of {path / METRICS} "
+            f"(a truncated last line means the run stopped while writing it)",
+            stacklevel=4,
+        )
+    if not rows:
+        problem = f"run {path.name} has no finished step ({path / METRICS} is missing or empty)"
+        if explicit:
+            raise AnalysisError(f"{problem}; wait for its first step or leave it out")
+        warnings.warn(f"{problem}; skipped", stacklevel=4)
+        return None
+    config = _read_json(path / CONFIG)
+    pauses, _ = read_jsonl(path / HEAT)
+    return _tidy(
+        pd.DataFrame(rows), config, name=str(config.get("run_name") or path.name), path=path,
+        source="labkit", status=_read_json(path / STATUS).get("reason"), pauses=pauses,
+    )
+
+
+def _read_json(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise AnalysisError(f"{path} is not valid JSON ({e}); restore it from the run's launch") from e
+
+
+def _read_miles(path: Path) -> pd.DataFrame:
+    """A miles log (a file, or a folder holding miles.log) as tidy rows, via labkit.miles_log.
+
+    Config values the log lacks (model, lr) come from labkit_miles.json beside it, when
+    labkit wrote the run's script; the engine is "miles".
+    """
+    try:
+        from labkit.miles_log import read_miles_log  # only miles logs need the parser
+    except ImportError as e:
+        raise AnalysisError(
+            f"{path} is not a labkit run folder, so it is read as a miles log, but "
+            f"labkit.miles_log cannot be imported ({e}); name a labkit run folder instead"
+        ) from e
+    steps = read_miles_log(path)
+    if steps is None or len(steps) == 0:
+        raise AnalysisError(f"{path}: no step found in this miles log (is it a miles training log?)")
+    folder = path if path.is_dir() else path.parent
+    config = {**_read_json(folder / MILES_INFO).get("config", {}), "engine": "miles"}
+    config.pop("run_name", None)  # the folder's own name, from the log
+    for col, key in [("run", "run_name"), *CONFIG_COLUMNS.items()]:
+        for name in (col, key):  # the reader may use our column names or the RunConfig fields
+            if name in steps and steps[name].notna().any():
+                config[key] = steps[name].dropna().iat[0]
+                break
+    steps = steps.drop(columns=[c for c in [*CONFIG_COLUMNS, *CONFIG_COLUMNS.values(), "run",
+                                            "run_name"] if c in steps])
+    return _tidy(steps, config, name=str(config.get("run_name") or path.stem), path=path,
+                 source="miles", status=None, pauses=[])
+
+
+def _tidy(steps: pd.DataFrame, config: dict, *, name: str, path: Path, source: str,
+          status: str | None, pauses: list[dict]) -> pd.DataFrame:
+    """Check one run's step rows, add its heat columns and put its config columns in front."""
+    if STEP not in steps or steps[STEP].isna().any():
+        raise AnalysisError(f"run {name}: a step line in {path} has no {STEP!r} (the step key)")
+    steps = steps.copy()
+    steps[STEP] = steps[STEP].astype(int)
+    twice = sorted(steps.loc[steps[STEP].duplicated(), STEP].unique())
+    if twice:
+        raise AnalysisError(
+            f"run {name}: step(s) {_steps_text(twice)} appear more than once in {path}; a resumed "
+            f"run must go on after its last logged step. Keep one line per step and load again"
+        )
+    steps = steps.sort_values(STEP, ignore_index=True)
+    steps["heat_pause_s"] = _pause_seconds(steps, pauses)
+    steps["clean"], guard = _clean_flags(steps)
+    steps["heat_guard"] = guard
+    head = {"run": name}
+    for col, key in CONFIG_COLUMNS.items():
+        value = config.get(key)
+        fallback = METRIC_FALLBACK.get(col)
+        if value is None and fallback in steps and steps[fallback].notna().any():
+            value = steps[fallback].dropna().iat[0]
+        head[col] = value
+    if head["group_size"] is None:
+        raise AnalysisError(
+            f"run {name}: unknown group size; {path} records no n_samples_per_prompt (in "
+            f"config.json, or train_args.txt beside a miles log) and no "
+            f"{METRIC_FALLBACK['group_size']} per step"
+        )
+    for col in ("group_size", "prompts", "global_batch", "seed"):
+        head[col] = None if head[col] is None else int(head[col])
+    head.update(source=source, path=str(path), status=status)
+    front = pd.DataFrame({k: [v] * len(steps) for k, v in head.items()})
+    return pd.concat([front, steps.drop(columns=[c for c in head if c in steps])], axis=1)
+
+
+def _pause_seconds(steps: pd.DataFrame, pauses: list[dict]) -> np.ndarray:
+    """Seconds of heat pauses inside each step: by time overlap with [time/start, time/end]
+    when both sides have times, else the pauses whose `step` is the step."""
+    if not pauses:
+        return np.zeros(len(steps))
+
+    def field_of(key: str) -> np.ndarray:
+        return np.array([np.nan if p.get(key) is None else p[key] for p in pauses], float)
+
+    p_start, p_end, p_step, p_sec = (field_of(k) for k in ("start", "end", "step", "seconds"))
+    p_sec = np.where(np.isnan(p_sec), p_end - p_start, p_sec)
+    nan = np.full(len(steps), np.nan)
+    s_start = steps["time/start"].to_numpy(float) if "time/start" in steps else nan
+    s_end = steps["time/end"].to_numpy(float) if "time/end" in steps else nan
+    timed = ~np.isnan(s_start)[:, None] & ~np.isnan(s_end)[:, None] & ~np.isnan(p_start + p_end)
+    overlap = np.minimum(s_end[:, None], p_end) - np.maximum(s_start[:, None], p_start)
+    same_step = steps[STEP].to_numpy()[:, None] == p_step
+    seconds = np.where(timed, np.clip(np.nan_to_num(overlap), 0, None),
+                       np.where(same_step, np.nan_to_num(p_sec), 0.0))
+    return seconds.sum(axis=1)
+
+
+def _clean_flags(steps: pd.DataFrame) -> tuple[np.ndarray, bool]:
+    """(clean per step, whether heat/clean was logged): heat/clean where logged, else no
+    recorded pause inside the step."""
+    no_pause = steps["heat_pause_s"].to_numpy() == 0
+    if HEAT_CLEAN not in steps:
+        return no_pause, False
+    logged = steps[HEAT_CLEAN]
+    flags = [bool(v) if pd.notna(v) else ok for v, ok in zip(logged, no_pause)]
+    return np.array(flags, bool), bool(logged.notna().any())
+
+
+def as_runs(runs: Runs) -> pd.DataFrame:
+    """A tidy frame from `load_runs`, or paths to load into one."""
+    if isinstance(runs, pd.DataFrame):
+        missing = {"run", "group_size", STEP} - set(runs.columns)
+        if missing:
+            raise AnalysisError(f"this frame lacks {sorted(missing)}; make it with load_runs(paths)")
+        if runs.empty:
+            raise AnalysisError("the runs frame is empty; load_runs(paths) found no step")
+        return runs
+    return load_runs(runs)
+
+
+def metric_values(run: pd.DataFrame, column: str) -> pd.Series:
+    """A metric column as numbers (NaN where not logged), or all NaN when no step logged it."""
+    if column not in run:
+        return pd.Series(np.nan, index=run.index)
+    return pd.to_numeric(run[column], errors="coerce")
+
+
+def _steps_text(steps: Sequence[int]) -> str:
+    return ", ".join(str(int(s)) for s in steps)
+
+
+def _show(paths) -> str:
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    return ", ".join(str(p) for p in items)

@@ -1,0 +1,110 @@
+"""labkit.compare: the group-size table, its checks and the `labkit compare` command."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+
+from fixtures_runs import CLEAN_N4, rewards_with_gain, write_course_runs, write_run
+from labkit.compare import check_comparable, compare, compare_main, render_table
+from labkit.runframe import AnalysisError, load_runs
+
+
+@pytest.fixture(scope="module")
+def course_dir(tmp_path_factory):
+    return write_course_runs(tmp_path_factory.mktemp("course"))
+
+
+@pytest.fixture(scope="module")
+def runs(course_dir):
+    return load_runs(course_dir)
+
+
+def small_run(root, name, *, group_size=8, seed=1, gain=0.05, n_steps=24, **kw):
+    """A plain clean run with a known gain."""
+    kw.setdefault("times", [50.0] * n_steps)
+    kw.setdefault("clean", [True] * n_steps)
+    return write_run(root, name, group_size=group_size, seed=seed,
+                     rewards=rewards_with_gain(gain, n_steps), **kw)
+
+
+def test_compare_table(runs):
+    table = compare(runs)
+    assert list(table["group size"]) == [4, 8, 16]
+    assert list(table["seeds"]) == [1, 3, 1]
+    row = table.set_index("group size")
+    assert row.loc[8, "gain per seed"] == "+0.038, +0.061, +0.098"
+    assert row.loc[8, "seed spread"] == "+0.038 to +0.098"
+    assert row.loc[4, "seed spread"] == "one seed"
+    assert row.loc[4, "rollout time (s)"] == "32.5"
+    assert row.loc[8, "rollout time (s)"] == "59.1"  # median of the seeds 58.4, 59.1, 60.2
+    assert row.loc[16, "rollout time (s)"] == "no clean step; 188.2 includes pauses"
+    assert row.loc[4, "time vs 8"] == f"{32.5 / 59.1:.2f}x" and row.loc[16, "time vs 8"] == "n/a"
+    assert row.loc[4, "common clean steps"] == 14
+    assert row.loc[4, "tokens per step"] == f"{32 * 4 * (180 + 23):,}"
+    assert table.attrs["common_clean_steps"] == CLEAN_N4
+    assert table.attrs["verdict"].startswith("Inside one range")
+    assert any("188.2 s includes the pauses" in n for n in table.attrs["notes"])
+
+
+def test_compare_renders_markdown_and_text(runs):
+    table = compare(runs)
+    md = render_table(table)
+    assert md.splitlines()[0].startswith("|") and "+0.038, +0.061, +0.098" in md
+    text = render_table(table, "text")
+    assert "group size" in text and "|" not in text
+    with pytest.raises(ValueError, match="use 'markdown' or 'text'"):
+        render_table(table, "html")
+
+
+def test_compare_main(course_dir, tmp_path, capsys, monkeypatch):
+    from labkit import plots
+
+    calls = []  # drawing is tested in test_plots; here: what is printed and where plots go
+    monkeypatch.setattr(plots, "plot_all", lambda runs, out, **kw: calls.append((runs, out)) or [])
+    assert compare_main([str(course_dir)], None) == 0
+    printed = capsys.readouterr().out
+    assert "group size |" in printed and "Inside one range" in printed
+    assert "Common clean steps (14): 0, 1, 3, 4, 7" in printed
+    assert "Its median of 188.2 s includes the pauses" in printed
+    assert calls[0][1] == Path("compare") and calls[0][0].run.nunique() == 5  # ./compare
+    compare_main([str(course_dir)], str(tmp_path / "plots"))
+    assert calls[1][1] == tmp_path / "plots"
+
+
+def test_compare_main_reports_errors(tmp_path, capsys):
+    assert compare_main([str(tmp_path)], None) == 2
+    assert "holds no run folder" in capsys.readouterr().err
+
+
+def test_run_without_rewards(tmp_path):
+    run = small_run(tmp_path, "norew")
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps({k: v for k, v in r.items() if k != "rollout/raw_reward"}) + "\n"
+                for r in rows))
+    with pytest.raises(AnalysisError, match=r"run norew logged no rollout/raw_reward"):
+        compare(load_runs(run))
+
+
+def test_different_prompts_warn(tmp_path):
+    small_run(tmp_path, "p32", seed=1)
+    small_run(tmp_path, "p32b", seed=2)
+    small_run(tmp_path, "p16", group_size=4, prompts=16)
+    with pytest.warns(UserWarning, match=r"differ in prompts per rollout.*16 in p16.*32 in p32, p32b"):
+        compare(load_runs(tmp_path))
+
+
+def test_global_batch_not_one_step_warns(tmp_path):
+    small_run(tmp_path, "r", prompts=32, global_batch=128)
+    with pytest.warns(UserWarning, match=r"--global-batch-size 128 is not 32 prompts x 8 answers = 256"):
+        check_comparable(load_runs(tmp_path))
+
+
+def test_same_config_does_not_warn(runs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_comparable(runs)

@@ -1,0 +1,120 @@
+"""labkit.gains: the gain of each run and group size, the bootstrap, the seed range."""
+
+from __future__ import annotations
+
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fixtures_runs import rewards_with_gain, write_course_runs, write_run
+from labkit.gains import bootstrap_gain, group_gains, inside_one_range, run_gains
+from labkit.runframe import AnalysisError, load_runs
+
+
+@pytest.fixture(scope="module")
+def course_dir(tmp_path_factory):
+    return write_course_runs(tmp_path_factory.mktemp("course"))
+
+
+@pytest.fixture(scope="module")
+def runs(course_dir):
+    return load_runs(course_dir)
+
+
+def small_run(root, name, *, group_size=8, seed=1, gain=0.05, n_steps=24, **kw):
+    """A plain clean run with a known gain."""
+    kw.setdefault("times", [50.0] * n_steps)
+    kw.setdefault("clean", [True] * n_steps)
+    return write_run(root, name, group_size=group_size, seed=seed,
+                     rewards=rewards_with_gain(gain, n_steps), **kw)
+
+
+def test_run_gains_match_construction(runs):
+    gains = run_gains(runs).set_index("run").gain
+    expected = {"n4-seed1234": 0.071, "n8-seed1234": 0.061, "n8-seed1": 0.038,
+                "n8-seed2": 0.098, "n16-seed1234": 0.097}
+    for name, gain in expected.items():
+        assert gains[name] == pytest.approx(gain, abs=1e-12)
+
+
+def test_group_gains_spread(runs):
+    groups = group_gains(runs).set_index("group_size")
+    assert list(groups.index) == [4, 8, 16]
+    eight = groups.loc[8]
+    assert eight.seeds == 3
+    assert eight.spread_low == pytest.approx(0.038) and eight.spread_high == pytest.approx(0.098)
+    assert eight.mean_gain == pytest.approx((0.038 + 0.061 + 0.098) / 3)
+    assert sorted(eight.seed_values) == [1, 2, 1234]
+
+
+def test_gain_windows_are_parameters(runs):
+    gains = run_gains(runs, early=(0, 3), late=(20, 23)).set_index("run").gain
+    assert gains["n8-seed2"] == pytest.approx(0.098)  # both windows sit on the flat parts
+
+
+def test_bootstrap_is_deterministic_and_collapses_without_noise(tmp_path):
+    noisy = list(np.random.default_rng(0).uniform(0.2, 0.5, 24))
+    runs = load_runs(write_run(tmp_path, "noisy", group_size=8, seed=1, rewards=noisy,
+                                        times=[1.0] * 24))
+    a = run_gains(runs, seed=3)
+    pd.testing.assert_frame_equal(a, run_gains(runs, seed=3))
+    assert a.ci_low.iat[0] != run_gains(runs, seed=4).ci_low.iat[0]
+    assert a.ci_low.iat[0] < a.gain.iat[0] < a.ci_high.iat[0]
+    flat = write_run(tmp_path, "flat", group_size=8, seed=1, times=[1.0] * 24,
+                     rewards=[0.2] * 8 + [0.3] * 16)
+    g = run_gains(load_runs(flat)).iloc[0]
+    assert g.ci_low == pytest.approx(0.1) and g.ci_high == pytest.approx(0.1)
+
+
+def test_bootstrap_width_matches_standard_error():
+    rng = np.random.default_rng(0)
+    early, late = rng.normal(0.3, 0.05, 8), rng.normal(0.4, 0.05, 8)
+    low, high = bootstrap_gain([(early, late)], np.random.default_rng(1), n_boot=20000)
+    # the plug-in standard error of a difference of two means of 8 steps
+    se = np.sqrt(early.var() / 8 + late.var() / 8)
+    assert (high - low) == pytest.approx(2 * 1.96 * se, rel=0.1)
+    assert low < late.mean() - early.mean() < high
+
+
+def test_inside_one_range_course_numbers(runs):
+    verdict = inside_one_range(run_gains(runs))
+    assert verdict.inside is True
+    assert (verdict.low, verdict.high) == (pytest.approx(0.038), pytest.approx(0.098))
+    assert "Inside one range" in verdict.text and "+0.038 to +0.098" in verdict.text
+    assert "+0.097" in verdict.text
+    assert inside_one_range(runs).inside is True  # runs work as well as gains
+
+
+def test_outside_one_range(tmp_path, course_dir):
+    small_run(tmp_path, "n16-seed7", group_size=16, seed=7, gain=0.2)
+    verdict = inside_one_range(load_runs([course_dir, tmp_path / "n16-seed7"]))
+    assert verdict.inside is False
+    assert verdict.outside == ["n16-seed7"]
+    assert "Not inside one range" in verdict.text and "n16-seed7 (16 answers) +0.200" in verdict.text
+
+
+def test_range_needs_the_reference_and_two_seeds(runs):
+    with pytest.raises(AnalysisError, match=r"no run has 2 answers.*group sizes here: 4, 8, 16"):
+        inside_one_range(runs, reference=2)
+    verdict = inside_one_range(runs, reference=4)
+    assert verdict.inside is None and "one seed" in verdict.text
+
+
+def test_too_short_run_is_refused(tmp_path):
+    run = small_run(tmp_path, "short", n_steps=12)
+    with pytest.raises(AnalysisError, match=r"run short has steps 0 to 11, too short for the window 16-23"):
+        run_gains(load_runs(run))
+
+
+def test_missing_step_in_window_is_refused(tmp_path):
+    run = small_run(tmp_path, "gap")
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join(lines[:18] + lines[19:]) + "\n")
+    with pytest.raises(AnalysisError, match=r"run gap has no reward for step\(s\) 18 of the window 16-23"):
+        run_gains(load_runs(run))
+
+
+def test_bad_window(runs):
+    with pytest.raises(AnalysisError, match=r"late=\(23, 16\)"):
+        run_gains(runs, late=(23, 16))

@@ -1,0 +1,184 @@
+"""labkit.miles_backend: the run folder for miles, the script run in bash against a stub
+`ray`, the prompt file, the reward hook, `labkit launch --backend miles`. No GPU, no network."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from labkit import miles_backend, miles_command, miles_log
+from labkit.config import RunConfig
+from labkit.data import Problem, build_messages, load_problems, rollout_problems
+
+GSM8K = Path(__file__).parents[1] / ".." / "shared" / "data" / "gsm8k"
+REPO = Path(__file__).parents[1]
+
+
+# ------------------------------------------------------------------ refusals
+def test_main_prints_the_refusal_and_fails(capsys, tmp_path):
+    code = miles_backend.main(RunConfig(), explicit={"engine"}, dry_run=True, out_dir=str(tmp_path))
+    assert code == 2
+    assert "--engine" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_launch_refuses_http_rollouts(capsys, tmp_path, monkeypatch):
+    """`labkit launch --backend miles --rollout-mode http` fails by name, writing nothing."""
+    from labkit.cli import main as labkit
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("MILES_EXTRA_ARGS", "MILES_NUM_ROLLOUT"):
+        monkeypatch.delenv(name, raising=False)
+    code = labkit(["launch", "--backend", "miles", "--dry-run", "--rollout-mode", "http",
+                   "--router-url", "http://127.0.0.1:8000"])
+    printed = capsys.readouterr()
+    assert code == 2
+    assert printed.err.startswith("labkit launch --backend miles: ")
+    assert "--rollout-mode: http" in printed.err and "--router-url" in printed.err
+    assert "#!/usr/bin/env bash" not in printed.out  # no script
+    assert not any(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------ the script, run in bash
+def _stub_cluster(tmp_path: Path) -> dict:
+    """A fake miles checkout, model and `ray`; returns the environment to run the script in."""
+    bin_dir, miles_dir, ckpt = tmp_path / "bin", tmp_path / "miles", tmp_path / "ckpt"
+    (miles_dir / "scripts" / "models").mkdir(parents=True)
+    (miles_dir / "scripts" / "models" / "qwen2.5-0.5B.sh").write_text(
+        "MODEL_ARGS=(--num-layers 24 --hidden-size 896)\n")
+    ckpt.mkdir()
+    bin_dir.mkdir()
+    ray = bin_dir / "ray"
+    ray.write_text('#!/usr/bin/env bash\nif [ "$1" = job ]; then\n'
+                   '  while [ "$1" != -- ]; do shift; done; shift\n'
+                   '  printf "%s\\n" "$@" > "$RAY_STUB_OUT"; echo "perf 0: {}"\nfi\n')
+    ray.chmod(ray.stat().st_mode | stat.S_IEXEC)
+    (bin_dir / "python3").symlink_to(sys.executable)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path),
+            "MILES_DIR": str(miles_dir), "HF_CHECKPOINT": str(ckpt), "PYTHONPATH": str(REPO),
+            "RAY_STUB_OUT": str(tmp_path / "ray_argv.txt")}
+
+
+def _run_script(tmp_path: Path, env: dict, cfg: RunConfig = RunConfig()) -> subprocess.CompletedProcess:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(exist_ok=True)
+    (run_dir / miles_backend.PROMPTS).write_text("")
+    script = run_dir / miles_backend.SCRIPT
+    script.write_text(miles_backend.render_script(cfg, explicit=set()))
+    return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_script_applies_the_course_overrides_at_run_time(tmp_path):
+    env = _stub_cluster(tmp_path)
+    env.update(MILES_NUM_ROLLOUT="12",
+               MILES_EXTRA_ARGS="--n-samples-per-prompt 4 --global-batch-size 128")
+    done = _run_script(tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    argv = Path(env["RAY_STUB_OUT"]).read_text().splitlines()
+    assert argv[:4] == ["python3", "train.py", "--num-layers", "24"]  # model flags first
+    ran = miles_command.parse_train_args(argv)
+    assert ran["--n-samples-per-prompt"] == "4" and ran["--global-batch-size"] == "128"
+    assert ran["--num-rollout"] == ran["--save-interval"] == "12"
+    assert ran["--hf-checkpoint"] == env["HF_CHECKPOINT"]
+    assert ran["--prompt-data"] == str(tmp_path / "run" / miles_backend.PROMPTS)
+    assert ran["--rollout-batch-size"] == "32"
+    # what ran is on disk beside the log, and the log is tee'd there
+    assert (tmp_path / "run" / miles_log.TRAIN_ARGS).read_text().splitlines() == argv[2:]
+    assert "perf 0: {}" in (tmp_path / "run" / miles_log.LOG).read_text()
+
+
+def test_script_names_the_fix_when_the_model_is_missing(tmp_path):
+    env = _stub_cluster(tmp_path)
+    env["HF_CHECKPOINT"] = str(tmp_path / "nowhere")
+    done = _run_script(tmp_path, env)
+    assert done.returncode == 1
+    assert "hf download Qwen/Qwen2.5-0.5B-Instruct" in done.stderr
+    assert not Path(env["RAY_STUB_OUT"]).exists()
+
+
+# ------------------------------------------------------------------ prompts and reward
+MADE_UP = [Problem("toy/train/0", "Ann has 3 pens and buys 4 more. How many pens?", "7"),
+           Problem("toy/train/1", "A box holds 12 eggs; 5 break. How many are whole?", "7"),
+           Problem("toy/train/2", "Bo runs 2.5 km a day for 4 days. How far in km?", "10")]
+
+
+def test_prompt_file_round_trips(tmp_path):
+    path = miles_backend.write_prompt_data(MADE_UP, tmp_path / "p" / "prompts.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    flags = miles_command.parse_train_args(miles_command.build_command(RunConfig(), explicit=set()))
+    for row, p in zip(rows, MADE_UP):
+        assert row[flags["--input-key"]] == build_messages(p.question)  # labkit's exact prompt
+        assert row[flags["--label-key"]] == p.label
+    assert miles_backend.read_prompt_data(path) == MADE_UP
+
+
+@pytest.mark.skipif(not GSM8K.is_dir(), reason="no shared GSM8K copy")
+def test_gsm8k_prompts_match_labkit_loader(tmp_path):
+    problems = load_problems(str(GSM8K), "train", n=20)
+    path = miles_backend.write_prompt_data(problems, tmp_path / "gsm8k.jsonl")
+    assert miles_backend.read_prompt_data(path) == problems
+
+
+def test_prompt_order_is_labkit_order_at_any_batch_size():
+    cfg = RunConfig(data="synthetic", num_rollout=5, rollout_batch_size=16, seed=3)
+    rows = miles_backend.ordered_problems(cfg)
+    problems = load_problems("synthetic", "train", seed=3, synthetic_steps=cfg.synthetic_steps)
+    assert len(rows) == len(problems)
+    assert sorted(p.id for p in rows) == sorted(p.id for p in problems)  # one full epoch
+    for size in (16, 32):  # miles reads rows in order: step k is rows [k*size, (k+1)*size)
+        for step in (0, 3):
+            assert rows[step * size:(step + 1) * size] == rollout_problems(problems, step, size, 3)
+
+
+def test_reward_hook_scores_with_labkits_reward():
+    args = SimpleNamespace(rm_type="math")
+    sample = lambda text: SimpleNamespace(response=text, label="42")
+    assert asyncio.run(miles_backend.miles_reward(args, sample("so 40 + 2\n#### 42"))) == 1.0
+    assert asyncio.run(miles_backend.miles_reward(args, sample("the answer is \\boxed{42}"))) == 1.0
+    group = [sample("#### 41"), sample("#### 42")]
+    assert asyncio.run(miles_backend.miles_reward(args, group)) == [0.0, 1.0]
+
+
+def test_custom_reward_path_travels_to_the_hook(tmp_path, monkeypatch):
+    rm = tmp_path / "my_rm.py"
+    rm.write_text("def half(response, label):\n    return 0.5\n")
+    script = miles_backend.render_script(RunConfig(custom_rm_path=f"{rm}:half"), explicit={"custom_rm_path"})
+    assert f': "${{LABKIT_CUSTOM_RM_PATH:={rm}:half}}"' in script
+    monkeypatch.setenv("LABKIT_CUSTOM_RM_PATH", f"{rm}:half")
+    one = SimpleNamespace(response="#### 1", label="2")
+    assert asyncio.run(miles_backend.miles_reward(SimpleNamespace(rm_type="math"), one)) == 0.5
+
+
+@pytest.mark.parametrize("cfg", [RunConfig(), RunConfig(eval_interval=2, kl_loss_coef=0.1),
+                                 RunConfig(gradient_checkpointing=True, save_interval=3)])
+def test_scripts_are_valid_bash(cfg, tmp_path):
+    script = tmp_path / "s.sh"
+    script.write_text(miles_backend.render_script(cfg, explicit=set(), gpus=2, run_name="a b"))
+    done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+# ------------------------------------------------------------------ launch
+def test_main_writes_the_run_folder(tmp_path, capsys):
+    cfg = RunConfig(data="synthetic", num_rollout=2, eval_interval=1, eval_split_size=4)
+    out = tmp_path / "run"
+    assert miles_backend.main(cfg, explicit={"data"}, dry_run=True, out_dir=str(out)) == 0
+    assert not out.exists()
+    printed = capsys.readouterr().out
+    assert "--n-samples-per-prompt 8" in printed and "--adam-beta2" in printed
+    assert miles_backend.main(cfg, explicit={"data"}, dry_run=False, out_dir=str(out)) == 0
+    script = out / miles_backend.SCRIPT
+    assert script.stat().st_mode & stat.S_IXUSR
+    assert len(miles_backend.read_prompt_data(out / miles_backend.PROMPTS)) == 5000
+    assert len(miles_backend.read_prompt_data(out / miles_backend.EVAL_PROMPTS)) == 4
+    info = json.loads((out / miles_backend.PROVENANCE).read_text())
+    assert info["config"]["n_samples_per_prompt"] == 8 and "00e365d" in info["miles"]
+    assert miles_backend.main(cfg, explicit={"data"}, dry_run=False, out_dir=str(out)) == 2  # no overwrite
