@@ -68,3 +68,19 @@ def tiny_cfg(tiny_model_dir, tmp_path):
         num_rollout=2, rollout_max_response_len=12, lr=1e-3, output_dir=str(tmp_path / "runs"),
         run_name="tiny", progress=False, seed=7,
     )
+
+
+@pytest.fixture(scope="module")
+def course_dir(tmp_path_factory):
+    """The constructed course runs of tests/fixtures_runs.py, on disk."""
+    from fixtures_runs import write_course_runs
+
+    return write_course_runs(tmp_path_factory.mktemp("course"))
+
+
+@pytest.fixture(scope="module")
+def runs(course_dir):
+    """The course runs read by load_runs (modules may define their own `runs`)."""
+    from labkit.runframe import load_runs
+
+    return load_runs(course_dir)

@@ -115,3 +115,11 @@ def write_course_runs(root: Path) -> Path:
               times=centered(24, 188.2, 9.0), clean=[False] * 24, pause_s=[45.0] * 24,
               response_len=195.0, zero_std=0.18, status="time_limit")
     return runs
+
+
+def small_run(root, name, *, group_size=8, seed=1, gain=0.05, n_steps=24, **kw):
+    """A plain clean run with a known gain."""
+    kw.setdefault("times", [50.0] * n_steps)
+    kw.setdefault("clean", [True] * n_steps)
+    return write_run(root, name, group_size=group_size, seed=seed,
+                     rewards=rewards_with_gain(gain, n_steps), **kw)

@@ -8,27 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fixtures_runs import CLEAN_N4, rewards_with_gain, write_course_runs, write_run
+from fixtures_runs import CLEAN_N4, small_run
 from labkit.compare import check_comparable, compare, compare_main, render_table
 from labkit.runframe import AnalysisError, load_runs
-
-
-@pytest.fixture(scope="module")
-def course_dir(tmp_path_factory):
-    return write_course_runs(tmp_path_factory.mktemp("course"))
-
-
-@pytest.fixture(scope="module")
-def runs(course_dir):
-    return load_runs(course_dir)
-
-
-def small_run(root, name, *, group_size=8, seed=1, gain=0.05, n_steps=24, **kw):
-    """A plain clean run with a known gain."""
-    kw.setdefault("times", [50.0] * n_steps)
-    kw.setdefault("clean", [True] * n_steps)
-    return write_run(root, name, group_size=group_size, seed=seed,
-                     rewards=rewards_with_gain(gain, n_steps), **kw)
 
 
 def test_compare_table(runs):

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from labkit.engines.base import Sampling
+from fixtures_engines import perturb_like_an_update
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 requires_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed (bash .ci/vllm-env.sh)")
@@ -178,12 +179,7 @@ def test_update_weights_makes_engine_match_trainer(engine, trainer_model, smollm
     answer = engine.generate([prompt_ids], Sampling(n=1, max_tokens=12, seed=3))[0][0].token_ids
     original = engine_score(engine, prompt_ids, answer)
     trained = load_policy(smollm2_folder, torch.float32, torch.device("cpu")).eval()
-    # A trainer update: noise on the embedding (tied to the LM head) and on one block.
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in trained.named_parameters():
-            if "embed_tokens" in name or ".layers.5." in name:
-                p.add_(torch.randn(p.shape, generator=gen) * 0.02)
+    perturb_like_an_update(trained)  # a trainer update
     want = trainer_logprobs(trained, prompt_ids, answer, 1.0)
     before = (engine_score(engine, prompt_ids, answer) - want).abs().max()
 

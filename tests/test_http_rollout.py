@@ -33,17 +33,12 @@ from labkit.engines.http import (
 from labkit.metrics import METRICS
 from labkit.run import open_run_folder
 from labkit.runlog import RunLogError
-from labkit.serve import Cluster, ServeConfig, ServeError, find_free_base_port, router_binary
+from labkit.serve import Cluster, ServeConfig, find_free_base_port
 from labkit.trainer import train
 
 REPO = Path(__file__).parents[1]
 
-def have_router() -> bool:
-    try:
-        router_binary("vllm-router")
-        return True
-    except ServeError:
-        return False
+from fixtures_engines import have_router  # noqa: E402
 
 
 CLIENT = ["client/requests", "client/failed_attempts", "client/503s", "client/retried_requests",

@@ -26,17 +26,12 @@ import pytest
 import torch
 
 from labkit.engines.base import Sampling
-from labkit.serve import Cluster, ServeConfig, ServeError, find_free_base_port, group_members, router_binary
+from labkit.serve import Cluster, ServeConfig, find_free_base_port, group_members
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
-def have_router() -> bool:
-    try:
-        router_binary("vllm-router")
-        return True
-    except ServeError:
-        return False
+from fixtures_engines import have_router, perturb_like_an_update  # noqa: E402
 
 
 pytestmark = [
@@ -116,13 +111,8 @@ def test_update_weights_reaches_every_engine_behind_the_router(cluster, trainer_
     answer = engine.generate([prompt_ids], Sampling(n=1, max_tokens=12))[0][0].token_ids
     start = max((served_logprobs(u, prompt_ids, answer)
                  - trainer_logprobs(trainer_model, prompt_ids, answer, 1.0)).abs().max() for u in urls)
-    # A trainer update: noise on the embedding (tied to the LM head) and on one block.
     trained = copy.deepcopy(trainer_model)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in trained.named_parameters():
-            if "embed_tokens" in name or ".layers.5." in name:
-                p.add_(torch.randn(p.shape, generator=gen) * 0.02)
+    perturb_like_an_update(trained)  # a trainer update
     want = trainer_logprobs(trained, prompt_ids, answer, 1.0)
     before = [float((served_logprobs(u, prompt_ids, answer) - want).abs().max()) for u in urls]
 

@@ -21,21 +21,13 @@ from labkit.engines.base import Sampling
 from labkit.engines.http import HttpEngine
 from labkit.serve import (
     Cluster, PortInUse, ServeConfig, ServeError, check_ports_free, config_from_args, engine_command,
-    find_free_base_port, group_members, router_binary,
+    find_free_base_port, group_members,
 )
 
 REPO = Path(__file__).parents[1]
 
 
-def have_router() -> bool:
-    try:
-        router_binary("vllm-router")
-        return True
-    except ServeError:
-        return False
-
-
-needs_router = pytest.mark.skipif(not have_router(), reason="vllm-router is not installed")
+from fixtures_engines import have_router, needs_router  # noqa: E402
 
 
 def alive(pid: int) -> bool:
