@@ -131,7 +131,7 @@ def serve_main(argv: list[str]) -> int:
 
 
 def students_main(argv: list[str]) -> int:
-    from labkit.exercises import students_main as run_students
+    from labkit.students import students_main as run_students
 
     return run_students(argv)
 

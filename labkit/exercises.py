@@ -1,4 +1,4 @@
-"""Exercises: grade a lesson's answers in its check cells, and write the students' copies.
+"""Exercises: grade a lesson's answers in its check cells.
 
 A lesson's exercise is a code cell whose answer sits between two marker lines::
 
@@ -13,28 +13,19 @@ run_gains, ...), so an answer is judged on the student's data, and it explains t
 wrong answers in a hint. A right answer prints "Exercise 1.1.1: correct."; a wrong or
 missing one raises ExerciseError, which fails the cell, so nbval grades a notebook.
 
-`labkit students notebooks/` writes the students' copies (notebooks/students/): each
-solution block becomes `name = None` for the names it assigns (or a NotImplementedError
-when it assigns none), and the outputs of the exercise and check cells are cleared, since
-they would show the answer. `labkit students --check` fails when the committed copies are
-not what the sources give, which keeps them in step in CI.
+The students' copies of the lessons, with the solutions taken out, are written by
+`labkit.students`.
 """
 
 from __future__ import annotations
 
-import argparse
-import ast
-import json
 import math
 import re
-import sys
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
-STUDENTS = "students"  # default folder of the students' copies, inside the sources' folder
 # a check call: its exercise id and, when it is a plain name, the answer variable
 _CHECK_RE = re.compile(
     r"""exercises\.check\(\s*["'](?P<id>[^"']+)["'](?:\s*,\s*(?P<answer>[A-Za-z_]\w*))?""")
@@ -332,190 +323,3 @@ def _grade_common(answer, *, runs, a: str, b: str) -> None:
     if steps == sorted(clean(a) | clean(b)):
         raise _Wrong("that is the union; keep only the steps clean in both runs.")
     raise _Wrong(f"{len(steps)} steps given; the common clean steps are {len(expected)}.")
-
-
-# ====================================================================== students' copies
-def check_calls(text: str) -> list[tuple[str, Optional[str]]]:
-    """The (exercise id, answer variable or None) of each `exercises.check(...)` call in text."""
-    return [(m["id"], m["answer"]) for m in _CHECK_RE.finditer(text)]
-
-
-def student_source(source: str, id: str, answer: Optional[str] = None) -> str:
-    """A code cell's source with each solution block replaced by its placeholder.
-
-    The placeholder of a block is `answer = None  # Exercise <id>: your answer` when the
-    block assigns `answer` (the name its check cell grades), else the same line for each
-    name the block assigns at its top level, or `raise NotImplementedError(...)` when it
-    assigns none. Raises ValueError for markers that do not pair up.
-    """
-    lines = source.split("\n")
-    out, block, indent = [], None, ""
-    for number, line in enumerate(lines, 1):
-        mark = line.strip()
-        if mark == BEGIN:
-            if block is not None:
-                raise ValueError(f"line {number}: {BEGIN} inside another solution block")
-            block, indent = [], line[: len(line) - len(line.lstrip())]
-        elif mark == END:
-            if block is None:
-                raise ValueError(f"line {number}: {END} without {BEGIN}")
-            out += [indent + p for p in _placeholder(block, id, indent, answer)]
-            block = None
-        elif block is not None:
-            block.append(line)
-        else:
-            out.append(line)
-    if block is not None:
-        raise ValueError(f"{BEGIN} without {END}")
-    return "\n".join(out)
-
-
-def _placeholder(block: list[str], id: str, indent: str, answer: Optional[str]) -> list[str]:
-    text = "\n".join(b[len(indent):] if b.startswith(indent) else b.lstrip() for b in block)
-    try:
-        tree = ast.parse(text)
-    except SyntaxError as e:
-        raise ValueError(f"exercise {id}: the solution block is not valid Python ({e})") from None
-    names: list[str] = []
-    for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else \
-            [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
-        for t in targets:
-            for n in ast.walk(t):
-                if isinstance(n, ast.Name) and n.id not in names:
-                    names.append(n.id)
-    if not names:
-        return [f'raise NotImplementedError("Exercise {id}: write your solution here")']
-    if answer in names:
-        names = [answer]
-    return [f"{name} = None  # Exercise {id}: your answer" for name in names]
-
-
-def student_notebook(nb: dict, *, source_name: str = "") -> dict:
-    """The students' copy of a notebook (a dict as stored): solutions replaced, the outputs of
-    exercise and check cells cleared, a first cell that says how to grade it. The rest is kept."""
-    nb = json.loads(json.dumps(nb))  # a deep copy
-    cells = nb["cells"]
-    for i, cell in enumerate(cells):
-        if cell["cell_type"] != "code":
-            continue
-        text = _text(cell)
-        solution = any(line.strip() == BEGIN for line in text.split("\n"))
-        if solution:
-            id, answer = _following_check(cells, i) or ("?", None)
-            try:
-                cell["source"] = _lines(student_source(text, id, answer))
-            except ValueError as e:
-                raise ValueError(f"{source_name or 'notebook'} cell {i}: {e}") from None
-        if solution or _CHECK_RE.search(text):
-            cell["outputs"], cell["execution_count"] = [], None
-    name = source_name or "the source notebook"
-    cells.insert(0, {
-        "cell_type": "markdown", "id": "students-copy", "metadata": {},
-        "source": _lines(
-            f"**Student copy** of `{name}`, written by `labkit students`: the exercises are "
-            f"yours to solve. Replace each `None` marked `# Exercise ...` with your answer; "
-            f"the check cell below it says `correct.` or gives a hint.\n\n"
-            f"Grade the whole notebook from the repository folder with\n"
-            f"`pytest --nbval-lax --nbval-current-env notebooks/{STUDENTS}/{name}`"),
-    })
-    nb.setdefault("metadata", {})["labkit"] = {"student_copy_of": name}
-    return nb
-
-
-def _following_check(cells: list[dict], i: int) -> Optional[tuple[str, Optional[str]]]:
-    """(id, answer variable) of the first check call at or after cell i, or None."""
-    for cell in cells[i:]:
-        if cell["cell_type"] == "code":
-            found = check_calls(_text(cell))
-            if found:
-                return found[0]
-    return None
-
-
-def _text(cell: dict) -> str:
-    src = cell.get("source", "")
-    return "".join(src) if isinstance(src, list) else src
-
-
-def _lines(text: str) -> list[str]:
-    """Source text as the list of lines Jupyter stores."""
-    return text.splitlines(keepends=True)
-
-
-def dumps(nb: dict) -> str:
-    """A notebook as Jupyter writes it (indent 1, sorted keys, a final newline)."""
-    return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
-
-
-def student_texts(src_dir: Path) -> dict[str, str]:
-    """{file name: students' copy as text} for every *.ipynb directly in src_dir."""
-    out = {}
-    for path in sorted(Path(src_dir).glob("*.ipynb")):
-        nb = json.loads(path.read_text(encoding="utf-8"))
-        out[path.name] = dumps(student_notebook(nb, source_name=path.name))
-    return out
-
-
-def write_students(src_dir: Path, out_dir: Optional[Path] = None) -> list[Path]:
-    """Write the students' copies of src_dir's notebooks into out_dir (default
-    src_dir/students); returns the paths written."""
-    out_dir = Path(out_dir) if out_dir else Path(src_dir) / STUDENTS
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in student_texts(Path(src_dir)).items():
-        (out_dir / name).write_text(text, encoding="utf-8")
-        written.append(out_dir / name)
-    return written
-
-
-def stale_students(src_dir: Path, out_dir: Optional[Path] = None) -> list[str]:
-    """What differs between the copies in out_dir and what src_dir's notebooks give: one line
-    per stale, missing or extra file (empty when they match)."""
-    out_dir = Path(out_dir) if out_dir else Path(src_dir) / STUDENTS
-    wanted = student_texts(Path(src_dir))
-    problems = []
-    for name, text in wanted.items():
-        path = out_dir / name
-        if not path.exists():
-            problems.append(f"{path}: missing")
-        elif path.read_text(encoding="utf-8") != text:
-            problems.append(f"{path}: stale (its source {name} changed)")
-    for path in sorted(out_dir.glob("*.ipynb")) if out_dir.is_dir() else []:
-        if path.name not in wanted:
-            problems.append(f"{path}: extra (no source notebook {path.name})")
-    return problems
-
-
-def students_main(argv: Sequence[str] | None = None) -> int:
-    """`labkit students [SRC_DIR] [--out DIR] [--check]`: write (or check) the students' copies.
-    Returns 0, 1 when --check finds stale copies, 2 for a bad SRC_DIR or notebook."""
-    p = argparse.ArgumentParser(prog="labkit students", description=__doc__.split("\n")[0])
-    p.add_argument("src", nargs="?", default="notebooks",
-                   help="folder of the source notebooks, with solutions (default: notebooks)")
-    p.add_argument("--out", default=None, help=f"folder for the copies (default: SRC/{STUDENTS})")
-    p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 when the copies differ from what SRC gives")
-    a = p.parse_args(list(sys.argv[1:] if argv is None else argv))
-    src = Path(a.src)
-    if not src.is_dir() or not any(src.glob("*.ipynb")):
-        print(f"labkit students: {src} holds no .ipynb notebook; name the folder of the "
-              f"lessons, e.g. notebooks/", file=sys.stderr)
-        return 2
-    try:
-        if a.check:
-            problems = stale_students(src, a.out)
-            for line in problems:
-                print(line)
-            if problems:
-                print(f"the students' copies are out of date; run: labkit students {src}"
-                      + (f" --out {a.out}" if a.out else ""), file=sys.stderr)
-                return 1
-            print(f"students' copies up to date ({len(student_texts(src))} notebooks)")
-            return 0
-        for path in write_students(src, a.out):
-            print(f"wrote {path}")
-    except (ValueError, json.JSONDecodeError) as e:
-        print(f"labkit students: {e}", file=sys.stderr)
-        return 2
-    return 0

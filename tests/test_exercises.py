@@ -11,9 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-from labkit import exercises, profiles
+from labkit import exercises, profiles, students
 from labkit.client import RetryPolicy
-from labkit.exercises import ExerciseError, check, student_notebook, student_source
+from labkit.exercises import ExerciseError, check
+from labkit.students import student_notebook, student_source
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -191,7 +192,7 @@ def test_student_source_keeps_only_the_graded_answer():
 
 def test_check_calls_read_the_id_and_the_answer():
     text = 'labkit.exercises.check("1.3.2", gain, runs=runs)\nexercises.check(\'1.1.2\', 2 * x)'
-    assert exercises.check_calls(text) == [("1.3.2", "gain"), ("1.1.2", None)]
+    assert students.check_calls(text) == [("1.3.2", "gain"), ("1.1.2", None)]
 
 
 def test_student_source_without_assignment_raises_not_implemented():
@@ -289,30 +290,30 @@ def test_solved_student_check_cell_passes(capsys):
 def write_lesson(folder: Path, nb: dict, name: str = "01_lesson.ipynb") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
-    path.write_text(exercises.dumps(nb))
+    path.write_text(students.dumps(nb))
     return path
 
 
 def test_students_command_writes_then_check_passes(tmp_path, capsys):
     src = tmp_path / "notebooks"
     write_lesson(src, lesson())
-    assert exercises.students_main([str(src), "--check"]) == 1  # missing copy
+    assert students.students_main([str(src), "--check"]) == 1  # missing copy
     assert "missing" in capsys.readouterr().out
-    assert exercises.students_main([str(src)]) == 0
+    assert students.students_main([str(src)]) == 0
     written = json.loads((src / "students" / "01_lesson.ipynb").read_text())
     assert "BEGIN SOLUTION" not in json.dumps(written)
-    assert exercises.students_main([str(src), "--check"]) == 0
+    assert students.students_main([str(src), "--check"]) == 0
 
 
 def test_check_detects_a_stale_and_an_extra_copy(tmp_path, capsys):
     src, out = tmp_path / "notebooks", tmp_path / "copies"
     nb = lesson()
     write_lesson(src, nb)
-    assert exercises.students_main([str(src), "--out", str(out)]) == 0
+    assert students.students_main([str(src), "--out", str(out)]) == 0
     nb["cells"][0]["source"] = ["# A lesson, edited\n"]
     write_lesson(src, nb)
     (out / "99_old.ipynb").write_text("{}")
-    assert exercises.students_main([str(src), "--out", str(out), "--check"]) == 1
+    assert students.students_main([str(src), "--out", str(out), "--check"]) == 1
     printed = capsys.readouterr().out
     assert "01_lesson.ipynb: stale" in printed and "99_old.ipynb: extra" in printed
 
@@ -320,13 +321,13 @@ def test_check_detects_a_stale_and_an_extra_copy(tmp_path, capsys):
 def test_students_command_defaults_to_the_notebooks_folder(monkeypatch, tmp_path):
     write_lesson(tmp_path / "notebooks", lesson())
     monkeypatch.chdir(tmp_path)
-    assert exercises.students_main([]) == 0
+    assert students.students_main([]) == 0
     assert (tmp_path / "notebooks" / "students" / "01_lesson.ipynb").exists()
-    assert exercises.students_main(["--check"]) == 0
+    assert students.students_main(["--check"]) == 0
 
 
 def test_students_command_refuses_a_folder_without_notebooks(tmp_path, capsys):
-    assert exercises.students_main([str(tmp_path)]) == 2
+    assert students.students_main([str(tmp_path)]) == 2
     assert "holds no .ipynb" in capsys.readouterr().err
 
 
@@ -339,7 +340,7 @@ def test_every_exercise_is_used_by_a_lesson_and_every_check_is_known():
     for path in LESSONS:
         nb = json.loads(path.read_text())
         for c in nb["cells"]:
-            used.update(id for id, _ in exercises.check_calls("".join(c["source"])))
+            used.update(id for id, _ in students.check_calls("".join(c["source"])))
         student_notebook(nb, source_name=path.name)  # markers pair up
     assert used == set(exercises.EXERCISES)
 
@@ -347,7 +348,7 @@ def test_every_exercise_is_used_by_a_lesson_and_every_check_is_known():
 def test_committed_student_copies_are_up_to_date():
     if not LESSONS:
         pytest.skip("no lesson notebooks")
-    assert exercises.stale_students(NOTEBOOKS) == []
+    assert students.stale_students(NOTEBOOKS) == []
 
 
 def test_lesson_1_1_first_check_fails_unsolved_in_the_students_copy(capsys):
