@@ -71,7 +71,7 @@ _RUNTIME_ENV = ('{"env_vars": {"PYTHONPATH": "\'"$MEGATRON_PATH:${PYTHONPATH:-}"
 _SCRIPT_TEMPLATE = """#!/usr/bin/env bash
 # The labkit recipe on miles (github.com/radixark/miles): {p} prompts x \
 {n} answers, global batch {g}, {num_rollout} rollouts.
-# Written by `labkit launch --backend miles`; labkit/miles.py maps each RunConfig flag to miles'.
+# Written by `labkit launch --backend miles`; labkit/miles_command.py maps each RunConfig flag to miles'.
 #
 # Run it where miles runs (e.g. in the miles docker image), on {gpus} GPU(s):
 #     bash {script}
