@@ -6,36 +6,19 @@ test_gains, test_costs, test_compare."""
 
 from __future__ import annotations
 
-import json
-import re
-from pathlib import Path
 
 import pytest
 
 from fixtures_runs import CLEAN_N4, write_course_runs
+from public_faces import assert_reexports, names_used_in_notebooks
 from labkit import analysis, compare, costs, gains, metrics, runframe
 
-NOTEBOOKS = Path(__file__).parents[1] / "notebooks"
-
-
 def test_public_names_are_the_home_modules():
-    # a name's home is the first of these that has it (later ones import from earlier ones)
-    homes = (metrics, runframe, gains, costs, compare)
-    assert len(analysis.__all__) == len(set(analysis.__all__))
-    for name in analysis.__all__:
-        home = next((m for m in homes if hasattr(m, name)), None)
-        assert home is not None, f"labkit.analysis lists {name}, which no analysis module defines"
-        assert getattr(analysis, name) is getattr(home, name), name
+    assert_reexports(analysis, (metrics, runframe, gains, costs, compare))
 
 
 def test_names_the_notebooks_use_are_listed():
-    used = set()
-    for nb in NOTEBOOKS.rglob("*.ipynb"):
-        for cell in json.loads(nb.read_text())["cells"]:
-            source = "".join(cell["source"])
-            used |= set(re.findall(r"\blabkit\.analysis\.(\w+)", source))
-            for names in re.findall(r"from labkit\.analysis import ([\w, ]+)", source):
-                used |= {n.strip() for n in names.split(",")}
+    used = names_used_in_notebooks("labkit.analysis")
     assert {"load_runs", "run_gains", "compare", "STEP", "REWARD"} <= used  # the scan works
     assert used <= set(analysis.__all__)
 
