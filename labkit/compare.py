@@ -157,6 +157,15 @@ def drop_unfinished(runs: pd.DataFrame, late=LATE) -> pd.DataFrame:
     return runs[~runs["run"].isin(short.index)]
 
 
+def _runs_by_value(per_run, column: str) -> str:
+    """'lr 1e-06: a, b, c; lr 1e-05: d': which runs share each value of `column`."""
+    parts = []
+    for value, group in per_run.groupby(column, sort=True):
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        parts.append(f"{column} {shown}: {', '.join(map(str, group.index))}")
+    return "; ".join(parts)
+
+
 def compare_main(paths: list[str], out_dir: str | None = None, reference: int = REFERENCE,
                  *, early=EARLY, late=LATE, mixed: bool = False) -> int:
     """`labkit compare RUN...`: print the table, the verdict and the common clean steps, and
@@ -171,8 +180,8 @@ def compare_main(paths: list[str], out_dir: str | None = None, reference: int = 
             if differ and not mixed:
                 raise AnalysisError(
                     f"the runs differ in {', '.join(differ)}, so runs of one group size are not "
-                    f"seeds of one setting; name runs that share them "
-                    f"(e.g. labkit compare data/runs/n*-lr1e-5-*), or pass --mixed")
+                    f"seeds of one setting; name runs that share them, or pass --mixed. "
+                    + "; ".join(_runs_by_value(per_run, c) for c in differ))
             table = compare(runs, reference=reference, early=early, late=late)
         except AnalysisError as e:
             print(f"labkit compare: {e}", file=sys.stderr)

@@ -53,7 +53,7 @@ def write_run(root: Path, name: str, *, group_size: int, seed: int, rewards: lis
               times: list[float], clean: list[bool] | None = None,
               pause_s: list[float] | None = None, prompts: int = 32,
               global_batch: int | None = None, response_len: float = 200.0,
-              zero_std: float = 0.3, status: str = "completed") -> Path:
+              zero_std: float = 0.3, status: str = "completed", lr: float = 1e-6) -> Path:
     """Write one run folder (config.json, metrics.jsonl, heat.jsonl, status.json) under `root`.
 
     `clean`: heat/clean per step (None: not logged, a run before the heat guard).
@@ -64,7 +64,7 @@ def write_run(root: Path, name: str, *, group_size: int, seed: int, rewards: lis
     run.mkdir(parents=True)
     cfg = RunConfig(n_samples_per_prompt=group_size, rollout_batch_size=prompts,
                     global_batch_size=global_batch or prompts * group_size, seed=seed,
-                    engine="vllm", run_name=name, num_rollout=len(rewards))
+                    engine="vllm", run_name=name, num_rollout=len(rewards), lr=lr)
     (run / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     lines, pauses, t = [], [], T0
     for step, (reward, time) in enumerate(zip(rewards, times)):

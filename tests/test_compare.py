@@ -90,3 +90,13 @@ def test_same_config_does_not_warn(runs):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_comparable(runs)
+
+
+def test_compare_refuses_runs_of_other_learning_rates_and_lists_them(tmp_path, capsys):
+    for name, lr, seed in [("a1", 1e-6, 1), ("a2", 1e-6, 2), ("b1", 1e-5, 1)]:
+        small_run(tmp_path, name, seed=seed, lr=lr)
+    assert compare_main([tmp_path], tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert "differ in lr" in err and "lr 1e-06: a1, a2; lr 1e-05: b1" in err
+    assert not (tmp_path / "out").exists()  # nothing written for a refused comparison
+    assert compare_main([tmp_path], tmp_path / "out", mixed=True) == 0
