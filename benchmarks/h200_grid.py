@@ -52,6 +52,10 @@ PLANS = {
         "n16-lr1e-6-s1": _n(16, 1),
         "p16-n8-lr1e-6-s1": _n(8, 1, prompts=16), "p64-n8-lr1e-6-s1": _n(8, 1, prompts=64),
     },
+    "rest": {  # what the second session's device time did not finish
+        "p64-n8-lr1e-6-s1": _n(8, 1, prompts=64), "n16-lr1e-6-s1": _n(16, 1),
+        "p16-n8-lr1e-6-s1": _n(8, 1, prompts=16),
+    },
 }
 LIGHT = ["config.json", "metrics.jsonl", "samples.jsonl", "heat.jsonl", "status.json"]
 STAGGER_S = 25  # vLLM measures free memory at start: let the last engine on a GPU settle
@@ -129,6 +133,7 @@ def _alive(pid: int, *, group: bool = False) -> bool:
 def collect(a: argparse.Namespace) -> int:
     """Wait for the plan (at most --wait s), optionally stop it, then tar the light files."""
     runs_dir, out = Path(a.runs_dir), Path(a.out)
+    runs_dir.mkdir(parents=True, exist_ok=True)
     pid_file = runs_dir / "scheduler.pid"
     pid = int(pid_file.read_text()) if pid_file.exists() else None
     end = time.time() + a.wait

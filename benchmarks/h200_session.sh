@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # The calls of one session on the lent H200 machine (../shared/device/README.md: set-up).
 #   bash benchmarks/h200_session.sh start     # versions, dequantize, start the plan's runs on
-#                                             # GPU 0 (and GPU 1 after the update benchmark),
-#                                             # then wait and collect until the call's end
+#                                             # every GPU (the last one after the update
+#                                             # benchmark), then wait and collect
+#   bash benchmarks/h200_session.sh bench     # versions, dequantize; the plan's runs on GPUs 1..
+#                                             # and, alone on GPU 0: the engine benchmark, then
+#                                             # solo recipe steps with --engine vllm and --engine hf
 #   bash benchmarks/h200_session.sh collect   # wait and collect (another 9 minutes)
 #   bash benchmarks/h200_session.sh stop      # collect, stopping the runs still going
-# Everything it writes comes back under $OUT; run folders stay in $HOME/runs between calls.
+# Env: PLAN (h200_grid.py plan), WAIT (s of the call to fill), BENCH=0 (no update benchmark),
+# GPU_DELAY, STOP_AT_END=1. Everything comes back under $OUT; run folders stay in $HOME/runs
+# between calls (while the machine stays warm).
 set -u
 MODE=${1:-start}
 WAIT=${WAIT:-540}
@@ -15,7 +20,9 @@ R=$HOME/runs
 export LABKIT_CACHE=${LABKIT_CACHE:-$HOME/labkit-cache}
 mkdir -p "$OUT/logs"
 T0=$(date +%s)
-if [ "$MODE" = start ]; then
+left() { echo $(( WAIT - ($(date +%s) - T0) )); }
+
+if [ "$MODE" = start ] || [ "$MODE" = bench ]; then
   nvidia-smi > "$OUT/logs/nvidia-smi.txt" 2>&1
   python - > "$OUT/logs/versions.txt" 2>&1 <<'PY'
 import torch, transformers, vllm, platform
@@ -26,19 +33,47 @@ PY
   python -c "from labkit.models import resolve_model; print(resolve_model('$M'))" > "$OUT/logs/dequantize.log" 2>&1
   echo "dequantize: $(( $(date +%s) - T0 )) s" >> "$OUT/logs/versions.txt"
   NG=$(python -c "import torch; print(torch.cuda.device_count())")
-  GPUS=$(seq -s, 0 $((NG - 1)))
   # the runs use a frozen copy of the code: later calls re-send the working tree
   F=$HOME/frozen && rm -rf "$F" && mkdir -p "$F" && cp -r labkit benchmarks "$F"/ && D=$(realpath "$D")
-  python "$F/benchmarks/h200_grid.py" start --plan "${PLAN:-group-size}" --model "$M" --data "$D" --runs-dir "$R" \
-    --gpus "$GPUS" --per-gpu 2 --gpu-delay "$((NG - 1))=${GPU_DELAY:-170}" > "$OUT/logs/start.log" 2>&1
+  if [ "$MODE" = start ]; then
+    GPUS=$(seq -s, 0 $((NG - 1))) DELAY="$((NG - 1))=${GPU_DELAY:-170}"
+  else
+    GPUS=$(seq -s, 1 $((NG - 1))) DELAY="1=0"
+  fi
+  if [ -n "$GPUS" ]; then
+    python "$F/benchmarks/h200_grid.py" start --plan "${PLAN:-group-size}" --model "$M" --data "$D" \
+      --runs-dir "$R" --gpus "$GPUS" --per-gpu 2 --gpu-delay "$DELAY" > "$OUT/logs/start.log" 2>&1
+  fi
+fi
+if [ "$MODE" = start ] && [ "${BENCH:-1}" = 1 ]; then
   # the update benchmark (issue 10) on the last GPU, before that GPU takes runs
-  [ "${BENCH:-1}" = 1 ] && CUDA_VISIBLE_DEVICES=$((NG - 1)) timeout 160 python benchmarks/bench_update.py --model "$M" \
+  CUDA_VISIBLE_DEVICES=$((NG - 1)) timeout 160 python benchmarks/bench_update.py --model "$M" \
     --samples 256 --out "$OUT/logs/bench_update.json" > "$OUT/logs/bench_update.log" 2>&1
 fi
+if [ "$MODE" = bench ]; then
+  # GPU 0 to itself: labkit's engine against raw vLLM, then the recipe alone, vLLM then transformers
+  export CUDA_VISIBLE_DEVICES=0
+  RECIPE="--rollout-batch-size 32 --n-samples-per-prompt 8 --global-batch-size 256 --rm-type math
+    --rollout-max-response-len 1024 --lr 1e-6 --seed 1 --model $M --data $D --no-progress
+    --save-interval -1 --output-dir $HOME/solo"
+  timeout 150 python benchmarks/bench_vllm_engine.py --model "$M" --prompts 32 --n 8 --max-tokens 1024 \
+    --gpu-memory-fraction 0.5 --repeats 5 --out "$OUT/logs/bench_vllm.json" > "$OUT/logs/bench_vllm.log" 2>&1
+  timeout 200 python -m labkit launch $RECIPE --engine vllm --num-rollout 8 --run-name recipe-vllm \
+    --time-limit 180 > "$OUT/logs/solo_vllm.log" 2>&1
+  timeout "$(( $(left) - 30 ))" python -m labkit launch $RECIPE --engine hf --num-rollout 2 \
+    --run-name recipe-hf --time-limit "$(( $(left) - 45 ))" > "$OUT/logs/solo_hf.log" 2>&1
+  unset CUDA_VISIBLE_DEVICES
+  for r in "$HOME"/solo/*/; do
+    [ -d "$r" ] || continue
+    mkdir -p "$OUT/logs/solo-$(basename "$r")"
+    cp "$r"/*.json "$r"/*.jsonl "$OUT/logs/solo-$(basename "$r")/" 2>/dev/null
+  done
+fi
+
 STOP=""
 { [ "$MODE" = stop ] || [ "${STOP_AT_END:-0}" = 1 ]; } && STOP="--stop --stop-wait 45"
-python benchmarks/h200_grid.py collect --runs-dir "$R" --out "$OUT" \
-  --wait "$(( WAIT - ($(date +%s) - T0) ))" $STOP > "$OUT/logs/collect.log" 2>&1
+python benchmarks/h200_grid.py collect --runs-dir "$R" --out "$OUT" --wait "$(left)" $STOP \
+  > "$OUT/logs/collect.log" 2>&1
 nvidia-smi --query-gpu=index,temperature.gpu,memory.used,utilization.gpu --format=csv > "$OUT/logs/gpu-now.txt" 2>&1
 df -h "$HOME" > "$OUT/logs/disk.txt"
 tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$OUT/logs"
