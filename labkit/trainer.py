@@ -141,7 +141,7 @@ def run_step(s: Session, step: int) -> dict:
         torch.cuda.reset_peak_memory_stats()
     if cfg.eval_interval and (step + 1) % cfg.eval_interval == 0:
         metrics["eval/accuracy"] = evaluate(s)
-    metrics.update(getattr(s.engine, "step_metrics", dict)())  # client/ (http rollouts)
+    metrics.update(s.engine.step_metrics())  # client/ for rollouts over HTTP
     log_samples(s, step, rollout, rewards)
     return metrics
 
@@ -305,8 +305,7 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
         ref = load_policy(path, compute, device).eval().requires_grad_(False)
     owns_engine = engine is None
     engine = engine or make_engine(cfg, path, policy, tokenizer)
-    if getattr(engine, "log_to", None):  # HTTP rollouts: the client's log in the run folder
-        engine.log_to(log.dir / "client.jsonl")
+    engine.log_to(log.dir)  # e.g. the HTTP client's failed attempts, in client.jsonl
     guard = guard or make_guard(cfg.heat_pause_c, cfg.heat_resume_c)
     return Session(cfg, log, policy, tokenizer, engine, make_optimizer(policy, cfg), problems,
                    eval_problems, reward_fn, guard, autocast, ref, stop_token_ids(tokenizer, policy),

@@ -69,5 +69,12 @@ class Engine(ABC):
     def wake(self) -> None:
         """Take back what `sleep` released, before the next rollout."""
 
+    def log_to(self, run_dir) -> None:
+        """The run folder, where the engine may keep a log of its own (most keep none)."""
+
+    def step_metrics(self) -> dict:
+        """Metrics of the engine's own since the last call, merged into the step's log line."""
+        return {}
+
     def close(self) -> None:
         """Free the engine's resources; the engine is unusable afterwards."""

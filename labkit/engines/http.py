@@ -128,10 +128,10 @@ class HttpEngine(Engine):
                           "write_s": written - start, "load_s": time.perf_counter() - written,
                           "results": results}
 
-    def log_to(self, path: Path) -> None:
-        """Write the client log to `path` from now on, unless it already has a file."""
+    def log_to(self, run_dir: Path) -> None:
+        """Write the client log to run_dir/client.jsonl from now on, unless it already has a file."""
         if self.log.path is None:
-            self.log.open(path)
+            self.log.open(Path(run_dir) / "client.jsonl")
 
     def step_metrics(self) -> dict:
         """The `client/` metrics since the last call (requests, retries, 503s, the last sync)."""
