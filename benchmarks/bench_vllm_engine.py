@@ -11,6 +11,8 @@ weights, KV cache and batch are the same for every variant:
 * `raw_plain`: llm.generate with one SamplingParams, no seed and no log-probs: the fastest
   vLLM rollout, what seeded sampling and log-probs cost on top.
 
+The variants take turns (one round = one rollout of each), so drift hits them alike.
+
 Then it loads the trainer's copy of the model (float32 master weights, bf16 autocast on a
 GPU, as labkit.trainer does), runs the colocated cycle three times (sleep, update_weights,
 wake), times each part, and reports the mean |engine - trainer| log-prob of sampled tokens
@@ -68,16 +70,8 @@ def make_prompts(tokenizer, n: int, seed: int) -> list[list[int]]:
     return ids
 
 
-def time_rollouts(name: str, run, repeats: int) -> dict:
-    """Run `run()` once untimed (warm-up), then `repeats` times; it returns tokens written."""
-    run()
-    seconds, tokens = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        tokens.append(run())
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        seconds.append(time.perf_counter() - start)
+def summarize(name: str, seconds: list[float], tokens: list[int]) -> dict:
+    """Median time and tokens/s of one variant's timed rollouts; prints one line."""
     med = statistics.median(seconds)
     mean_tokens = statistics.mean(tokens)
     result = {"seconds": seconds, "median_seconds": med, "tokens": tokens,
@@ -88,8 +82,29 @@ def time_rollouts(name: str, run, repeats: int) -> dict:
     return result
 
 
+def time_rollouts(variants: dict, repeats: int) -> dict:
+    """Each variant once untimed (warm-up), then `repeats` rounds of all variants in turn.
+
+    Interleaving puts every variant through the same drift (clocks, temperature, allocator
+    state) instead of giving the first one the freshest engine. Each `run()` returns the
+    number of tokens it wrote.
+    """
+    for run in variants.values():
+        run()
+    seconds = {name: [] for name in variants}
+    tokens = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, run in variants.items():
+            start = time.perf_counter()
+            tokens[name].append(run())
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            seconds[name].append(time.perf_counter() - start)
+    return {name: summarize(name, seconds[name], tokens[name]) for name in variants}
+
+
 def bench_generation(engine, prompts: list[list[int]], args) -> dict:
-    """Time the three variants on the same engine."""
+    """Time the three variants on the same engine, interleaved."""
     from vllm import SamplingParams
 
     from labkit.engines.base import Sampling
@@ -107,11 +122,13 @@ def bench_generation(engine, prompts: list[list[int]], args) -> dict:
         outs = engine.llm.generate(requests, params, use_tqdm=False)
         return sum(len(c.token_ids) for o in outs for c in o.outputs)
 
-    return {
-        "labkit": time_rollouts("labkit", labkit_run, args.repeats),
-        "raw_same": time_rollouts("raw_same", lambda: raw(same), args.repeats),
-        "raw_plain": time_rollouts("raw_plain", lambda: raw(plain), args.repeats),
-    }
+    result = time_rollouts({"labkit": labkit_run, "raw_same": lambda: raw(same),
+                            "raw_plain": lambda: raw(plain)}, args.repeats)
+    ratios = [a / b for a, b in zip(result["labkit"]["seconds"], result["raw_same"]["seconds"])]
+    result["labkit_over_raw_same"] = {"per_round": ratios, "median": statistics.median(ratios)}
+    print(f"labkit / raw_same per round: {', '.join(f'{r:.3f}' for r in ratios)} "
+          f"(median {statistics.median(ratios):.3f})", flush=True)
+    return result
 
 
 def bench_sync(engine, path: str, prompts: list[list[int]], args) -> dict:

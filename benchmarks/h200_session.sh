@@ -4,8 +4,8 @@
 #                                             # every GPU (the last one after the update
 #                                             # benchmark), then wait and collect
 #   bash benchmarks/h200_session.sh bench     # versions, dequantize; the plan's runs on GPUs 1..
-#                                             # and, alone on GPU 0: the engine benchmark, then
-#                                             # solo recipe steps with --engine vllm and --engine hf
+#                                             # and, alone on GPU 0, h200_solo.sh: the engine
+#                                             # benchmark, then the recipe with --engine hf / vllm
 #   bash benchmarks/h200_session.sh collect   # wait and collect (another 9 minutes)
 #   bash benchmarks/h200_session.sh stop      # collect, stopping the runs still going
 # Env: PLAN (h200_grid.py plan), WAIT (s of the call to fill), BENCH=0 (no update benchmark),
@@ -51,29 +51,30 @@ if [ "$MODE" = start ] && [ "${BENCH:-1}" = 1 ]; then
     --samples 256 --out "$OUT/logs/bench_update.json" > "$OUT/logs/bench_update.log" 2>&1
 fi
 if [ "$MODE" = bench ]; then
-  # GPU 0 to itself: labkit's engine against raw vLLM, then the recipe alone, vLLM then transformers
-  export CUDA_VISIBLE_DEVICES=0
-  RECIPE="--rollout-batch-size 32 --n-samples-per-prompt 8 --global-batch-size 256 --rm-type math
-    --rollout-max-response-len 1024 --lr 1e-6 --seed 1 --model $M --data $D --no-progress
-    --save-interval -1 --output-dir $HOME/solo"
-  timeout 150 python benchmarks/bench_vllm_engine.py --model "$M" --prompts 32 --n 8 --max-tokens 1024 \
-    --gpu-memory-fraction 0.5 --repeats 5 --out "$OUT/logs/bench_vllm.json" > "$OUT/logs/bench_vllm.log" 2>&1
-  timeout 200 python -m labkit launch $RECIPE --engine vllm --num-rollout 8 --run-name recipe-vllm \
-    --time-limit 180 > "$OUT/logs/solo_vllm.log" 2>&1
-  timeout "$(( $(left) - 30 ))" python -m labkit launch $RECIPE --engine hf --num-rollout 2 \
-    --run-name recipe-hf --time-limit "$(( $(left) - 45 ))" > "$OUT/logs/solo_hf.log" 2>&1
-  unset CUDA_VISIBLE_DEVICES
-  for r in "$HOME"/solo/*/; do
-    [ -d "$r" ] || continue
-    mkdir -p "$OUT/logs/solo-$(basename "$r")"
-    cp "$r"/*.json "$r"/*.jsonl "$OUT/logs/solo-$(basename "$r")/" 2>/dev/null
-  done
+  # GPU 0 to itself, detached so it outlives this call (benchmarks/h200_solo.sh)
+  GPU=0 SOLO=$HOME/solo M=$M D=$D setsid nohup bash "$F/benchmarks/h200_solo.sh" \
+    > /dev/null 2>&1 < /dev/null &
+  mkdir -p "$HOME/solo" && echo $! > "$HOME/solo/pid"
+  echo "solo queue started on GPU 0, pid $!" >> "$OUT/logs/start.log"
 fi
-
 STOP=""
+if [ "$MODE" = stop ] && [ -f "$HOME/solo/pid" ]; then
+  kill -TERM -- "-$(cat "$HOME/solo/pid")" 2>/dev/null && sleep 45  # its run stops after the step
+fi
 { [ "$MODE" = stop ] || [ "${STOP_AT_END:-0}" = 1 ]; } && STOP="--stop --stop-wait 45"
 python benchmarks/h200_grid.py collect --runs-dir "$R" --out "$OUT" --wait "$(left)" $STOP \
   > "$OUT/logs/collect.log" 2>&1
+if [ -d "$HOME/solo" ]; then
+  # wait for the solo queue too (the time left, if the grid finished first)
+  while [ "$(left)" -gt 20 ] && ! grep -q "all done" "$HOME/solo/logs/solo.log" 2>/dev/null; do sleep 5; done
+  mkdir -p "$OUT/logs/solo"
+  cp "$HOME"/solo/logs/* "$OUT/logs/solo/" 2>/dev/null
+  for r in "$HOME"/solo/runs/*/; do
+    [ -d "$r" ] || continue
+    mkdir -p "$OUT/logs/solo/$(basename "$r")"
+    cp "$r"/*.json "$r"/*.jsonl "$OUT/logs/solo/$(basename "$r")/" 2>/dev/null
+  done
+fi
 nvidia-smi --query-gpu=index,temperature.gpu,memory.used,utilization.gpu --format=csv > "$OUT/logs/gpu-now.txt" 2>&1
 df -h "$HOME" > "$OUT/logs/disk.txt"
 tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$OUT/logs"
