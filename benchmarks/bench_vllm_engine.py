@@ -5,11 +5,13 @@ of the chosen tokens and the conversion to labkit Completions. This measures wha
 costs on one rollout of the recipe's shape (32 prompts x 8 answers), on one engine so that
 weights, KV cache and batch are the same for every variant:
 
-* `labkit`: VLLMEngine.generate, as the trainer calls it;
-* `raw_same`: llm.generate with the same per-prompt SamplingParams (seeds, logprobs=0),
-  outputs left as vLLM returns them: the difference to `labkit` is the wrapper's own cost;
+* `labkit`: VLLMEngine.generate, as the trainer calls it (one seed for the rollout);
+* `raw_same`: llm.generate with what `labkit` sends (logprobs=0, no per-request seed, the
+  global seed set first), outputs left as vLLM returns them: the wrapper's own cost;
+* `labkit_each` / `raw_each`: the same two with a seed for every answer
+  (`--rollout-seed-each-answer`): vLLM then draws the sampling noise row by row;
 * `raw_plain`: llm.generate with one SamplingParams, no seed and no log-probs: the fastest
-  vLLM rollout, what seeded sampling and log-probs cost on top.
+  vLLM rollout; the difference to `raw_same` is what the log-probs cost.
 
 The variants take turns (one round = one rollout of each), so drift hits them alike.
 
@@ -33,6 +35,7 @@ import os
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # before vllm is imported
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
@@ -104,30 +107,37 @@ def time_rollouts(variants: dict, repeats: int) -> dict:
 
 
 def bench_generation(engine, prompts: list[list[int]], args) -> dict:
-    """Time the three variants on the same engine, interleaved."""
+    """Time the five variants on the same engine, interleaved."""
     from vllm import SamplingParams
 
     from labkit.engines.base import Sampling
 
-    sampling = Sampling(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens,
-                        seed=args.seed)
+    once = Sampling(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens,
+                    seed=args.seed)
+    each = dataclasses.replace(once, seed_each_answer=True)
     requests = [{"prompt_token_ids": p} for p in prompts]
-    same = [engine.sampling_params(sampling, i) for i in range(len(prompts))]
     plain = SamplingParams(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens)
 
-    def labkit_run():
+    def labkit_run(sampling):
         return sum(len(c.token_ids) for g in engine.generate(prompts, sampling) for c in g)
 
-    def raw(params):
+    def raw(sampling, params=None):
+        params = params or [engine.sampling_params(sampling, i) for i in range(len(prompts))]
+        if not sampling.seed_each_answer:
+            torch.manual_seed(sampling.seed)
         outs = engine.llm.generate(requests, params, use_tqdm=False)
         return sum(len(c.token_ids) for o in outs for c in o.outputs)
 
-    result = time_rollouts({"labkit": labkit_run, "raw_same": lambda: raw(same),
-                            "raw_plain": lambda: raw(plain)}, args.repeats)
-    ratios = [a / b for a, b in zip(result["labkit"]["seconds"], result["raw_same"]["seconds"])]
-    result["labkit_over_raw_same"] = {"per_round": ratios, "median": statistics.median(ratios)}
-    print(f"labkit / raw_same per round: {', '.join(f'{r:.3f}' for r in ratios)} "
-          f"(median {statistics.median(ratios):.3f})", flush=True)
+    result = time_rollouts({
+        "labkit": lambda: labkit_run(once), "raw_same": lambda: raw(once),
+        "labkit_each": lambda: labkit_run(each), "raw_each": lambda: raw(each),
+        "raw_plain": lambda: raw(once, plain),
+    }, args.repeats)
+    for a, b in (("labkit", "raw_same"), ("labkit_each", "raw_each"), ("labkit_each", "labkit")):
+        ratios = [x / y for x, y in zip(result[a]["seconds"], result[b]["seconds"])]
+        result[f"{a}_over_{b}"] = {"per_round": ratios, "median": statistics.median(ratios)}
+        print(f"{a} / {b} per round: {', '.join(f'{r:.3f}' for r in ratios)} "
+              f"(median {statistics.median(ratios):.3f})", flush=True)
     return result
 
 

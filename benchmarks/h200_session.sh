@@ -52,7 +52,7 @@ if [ "$MODE" = start ] && [ "${BENCH:-1}" = 1 ]; then
 fi
 if [ "$MODE" = bench ]; then
   # GPU 0 to itself, detached so it outlives this call (benchmarks/h200_solo.sh)
-  GPU=0 SOLO=$HOME/solo M=$M D=$D setsid nohup bash "$F/benchmarks/h200_solo.sh" \
+  GPU=0 SOLO=$HOME/solo M=$M D=$D JOBS=${JOBS:-} setsid nohup bash "$F/benchmarks/h200_solo.sh" \
     > /dev/null 2>&1 < /dev/null &
   mkdir -p "$HOME/solo" && echo $! > "$HOME/solo/pid"
   echo "solo queue started on GPU 0, pid $!" >> "$OUT/logs/start.log"

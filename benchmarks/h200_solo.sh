@@ -4,6 +4,8 @@
 # h200_session.sh starts it detached (setsid) so it outlives the 10-minute calls; logs go to
 # $SOLO/logs, run folders to $SOLO/runs, and `h200_session.sh collect` brings them back.
 #   GPU=0 SOLO=$HOME/solo M=model.gguf D=gsm8k-folder bash benchmarks/h200_solo.sh
+# Env: JOBS (default "bench_vllm recipe_hf recipe_vllm"), REPEATS (benchmark rounds, 5),
+# VLLM_STEPS (8), HF_LIMIT (s, 600).
 # Each job has its own limit (timeout; SIGTERM first, so a labkit run stops after its step
 # with its log complete). Whole-GPU memory is sampled by nvidia-smi every second: the
 # trainer's perf/max_gpu_memory_gb counts torch's allocator only, not vLLM's KV cache.
@@ -29,10 +31,15 @@ RECIPE=(--rollout-batch-size 32 --n-samples-per-prompt 8 --global-batch-size 256
         --rollout-max-response-len 1024 --lr 1e-6 --seed 1 --model "$M" --data "$D" --no-progress
         --save-interval -1 --output-dir "$SOLO/runs")
 
-job bench_vllm 300 python benchmarks/bench_vllm_engine.py --model "$M" --prompts 32 --n 8 \
-  --max-tokens 1024 --gpu-memory-fraction 0.5 --repeats 5 --out "$L/bench_vllm.json"
-job recipe_hf "${HF_LIMIT:-600}" python -m labkit launch "${RECIPE[@]}" --engine hf --num-rollout 3 \
-  --run-name recipe-hf
-job recipe_vllm 300 python -m labkit launch "${RECIPE[@]}" --engine vllm --num-rollout 8 \
-  --rollout-gpu-memory-fraction 0.5 --run-name recipe-vllm
+for j in ${JOBS:-bench_vllm recipe_hf recipe_vllm}; do
+  case $j in
+    bench_vllm) job bench_vllm 300 python benchmarks/bench_vllm_engine.py --model "$M" --prompts 32 \
+      --n 8 --max-tokens 1024 --gpu-memory-fraction 0.5 --repeats "${REPEATS:-5}" --out "$L/bench_vllm.json" ;;
+    recipe_hf) job recipe_hf "${HF_LIMIT:-600}" python -m labkit launch "${RECIPE[@]}" --engine hf \
+      --num-rollout 3 --run-name recipe-hf ;;
+    recipe_vllm) job recipe_vllm 300 python -m labkit launch "${RECIPE[@]}" --engine vllm \
+      --num-rollout "${VLLM_STEPS:-8}" --rollout-gpu-memory-fraction 0.5 --run-name recipe-vllm ;;
+    *) say "unknown job $j" ;;
+  esac
+done
 say "all done"

@@ -112,7 +112,7 @@ def engine_score(engine, prompt: list[int], answer: list[int]) -> torch.Tensor:
 def test_generate_n_distinct_answers_within_limits(engine, tokenizer, prompt_ids):
     limit = 8
     prompts = [prompt_ids, prompt_ids, chat_ids(tokenizer, OTHER)]
-    sampling = Sampling(n=4, temperature=1.0, max_tokens=limit, seed=11)
+    sampling = Sampling(n=4, temperature=1.0, max_tokens=limit, seed=11, seed_each_answer=True)
     start = time.perf_counter()
     out = engine.generate(prompts, sampling)
     print(f"\nrollout 3 prompts x 4 answers x <={limit} tokens: {time.perf_counter() - start:.1f} s")
@@ -139,11 +139,29 @@ def test_generate_n_distinct_answers_within_limits(engine, tokenizer, prompt_ids
     first = out[0][0].token_ids
     stop = first[min(3, len(first) - 1)]
     cut = engine.generate(prompts, Sampling(n=4, temperature=1.0, max_tokens=limit, seed=11,
-                                            stop_token_ids=(stop,)))
+                                            stop_token_ids=(stop,), seed_each_answer=True))
     assert cut[0][0].token_ids == first[: first.index(stop) + 1]
     assert cut[0][0].finish_reason == "stop"
     for c in (c for g in cut for c in g):
         assert stop not in c.token_ids[:-1]
+
+
+@pytest.mark.vllm
+@requires_vllm
+def test_one_seed_per_rollout_reproduces_the_rollout(engine, tokenizer, prompt_ids):
+    """The default: no per-answer seeds, the engine's random state seeded per rollout."""
+    prompts = [prompt_ids, prompt_ids, chat_ids(tokenizer, OTHER)]
+
+    def rollout(seed):
+        out = engine.generate(prompts, Sampling(n=4, temperature=1.0, max_tokens=8, seed=seed))
+        return [[tuple(c.token_ids) for c in group] for group in out]
+
+    first = rollout(21)
+    torch.rand(1000)  # other users of the global random state in between change nothing
+    assert rollout(21) == first
+    assert rollout(22) != first
+    assert all(len(set(g)) >= 3 for g in first), first  # answers of a group still differ
+    assert first[0] != first[1]  # and so do equal prompts
 
 
 @pytest.mark.vllm

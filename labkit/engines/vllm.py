@@ -174,6 +174,10 @@ class VLLMEngine(Engine):
         self.wake()
         prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
         params = [self.sampling_params(sampling, i) for i in range(len(prompt_ids))]
+        if sampling.seed is not None and not sampling.seed_each_answer:
+            # In-process, vLLM's sampler draws from torch's default generators: seeding them
+            # makes the rollout reproducible at the speed of unseeded sampling.
+            torch.manual_seed(sampling.seed)
         start = time.perf_counter()
         with self._fatal("generate", bad_request_ok=True):
             outputs = self.llm.generate(prompts, params, use_tqdm=False)
@@ -184,12 +188,13 @@ class VLLMEngine(Engine):
         ]
 
     def sampling_params(self, s: Sampling, prompt_index: int):
-        """vLLM SamplingParams for one prompt: a seed of its own so equal prompts differ.
+        """vLLM SamplingParams for one prompt; with `seed_each_answer`, a seed of its own.
 
         vLLM gives the j-th answer of a request the seed `seed + j`, so prompt i takes
-        `seed + i * n`: every answer of the rollout gets its own seed.
+        `seed + i * n`: every answer of the rollout gets its own seed. Without it the
+        request carries no seed and `generate` seeds the whole rollout at once.
         """
-        seed = None if s.seed is None else s.seed + prompt_index * s.n
+        seed = None if s.seed is None or not s.seed_each_answer else s.seed + prompt_index * s.n
         return self._vllm.SamplingParams(
             n=s.n, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
             seed=seed, logprobs=0, stop_token_ids=list(s.stop_token_ids),
