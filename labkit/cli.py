@@ -60,11 +60,17 @@ def launch_main(argv: list[str]) -> int:
     own, rest = pre.parse_known_args(argv)
     if own.resume:
         return _resume(own.resume, rest)
-    cfg, explicit = resolve_args(rest)
     if own.backend == "miles":
         from labkit import miles
 
-        return miles.main(cfg, explicit=explicit, dry_run=own.dry_run, out_dir=None)
+        cfg, explicit = resolve_args(rest, check=False)
+        try:
+            miles.refuse_unsupported(cfg, explicit)
+        except miles.MilesUnsupported as e:
+            print(f"labkit launch --backend miles: {e}", file=sys.stderr)
+            return 2
+        return miles.main(cfg.check(), explicit=explicit, dry_run=own.dry_run, out_dir=None)
+    cfg, explicit = resolve_args(rest)
     if own.dry_run:
         print(_describe(cfg))
         return 0

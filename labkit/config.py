@@ -385,8 +385,13 @@ def config_from_args(argv: Sequence[str] = (), env: Optional[dict] = None) -> Ru
     return resolve_args(argv, env)[0]
 
 
-def resolve_args(argv: Sequence[str] = (), env: Optional[dict] = None) -> tuple[RunConfig, set[str]]:
-    """Like config_from_args, and also the set of fields the user set explicitly."""
+def resolve_args(argv: Sequence[str] = (), env: Optional[dict] = None, *,
+                 check: bool = True) -> tuple[RunConfig, set[str]]:
+    """Like config_from_args, and also the set of fields the user set explicitly.
+
+    `check=False` leaves RunConfig.check to the caller (the miles backend refuses flags it
+    cannot honour first, so that its reason comes before labkit's own checks).
+    """
     env = os.environ if env is None else env
     args = list(argv)
     if env.get("MILES_NUM_ROLLOUT"):
@@ -396,4 +401,4 @@ def resolve_args(argv: Sequence[str] = (), env: Optional[dict] = None) -> tuple[
     ns = vars(build_parser().parse_args(args))
     preset = ns.pop("preset", None) or "recipe"
     cfg = RunConfig.preset(preset, **ns)
-    return cfg.check(), set(ns)
+    return (cfg.check() if check else cfg), set(ns)

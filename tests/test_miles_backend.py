@@ -47,6 +47,20 @@ def test_launch_refuses_http_rollouts(capsys, tmp_path, monkeypatch):
     assert not any(tmp_path.iterdir())
 
 
+def test_launch_refuses_http_rollouts_before_asking_for_a_router(capsys, tmp_path, monkeypatch):
+    """Without --router-url the miles refusal still comes first: adding a URL would not help."""
+    from labkit.cli import main as labkit
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("MILES_EXTRA_ARGS", "MILES_NUM_ROLLOUT"):
+        monkeypatch.delenv(name, raising=False)
+    code = labkit(["launch", "--backend", "miles", "--dry-run", "--rollout-mode", "http"])
+    printed = capsys.readouterr()
+    assert code == 2
+    assert "--rollout-mode: http" in printed.err
+    assert "needs --router-url" not in printed.err
+
+
 # ------------------------------------------------------------------ the script, run in bash
 def _stub_cluster(tmp_path: Path) -> dict:
     """A fake miles checkout, model and `ray`; returns the environment to run the script in."""
