@@ -72,7 +72,8 @@ def _colors(runs: pd.DataFrame, by: str = "group_size") -> dict:
 
 
 def _group_label(by: str, value) -> str:
-    return f"{value} answers" if by == "group_size" else f"{by} {value:g}"
+    units = {"group_size": "answers", "prompts": "prompts"}  # a count reads "8 answers"
+    return f"{value} {units[by]}" if by in units else f"{by} {value:g}"
 
 
 def _caption(runs: pd.DataFrame) -> str:
@@ -160,7 +161,8 @@ def reward_curve(runs: Runs, *, early=EARLY, late=LATE, ax=None, by: str = "grou
 
     `runs`: a frame from load_runs, or paths. `early`, `late`: (first, last) steps of the
     windows. `ax`: draw into this axes instead of a new figure. `by`: the column whose
-    values get a line each ("lr" for a learning-rate probe). Returns the Figure.
+    values get a line each ("lr" for a learning-rate probe, "prompts" for a rollout batch
+    size sweep). Returns the Figure.
     """
     runs = as_runs(runs)
     fig, ax, own = _single_axes(ax)

@@ -51,6 +51,14 @@ def test_reward_curve_by_learning_rate(runs):
     assert "lr 1e-05: mean of 2 seeds" in labels
 
 
+def test_reward_curve_by_prompts_per_rollout(runs):
+    sweep = runs[runs.group_size == 8].copy()
+    sweep["prompts"] = sweep.seed.map(dict(zip(sorted(sweep.seed.unique()), (16, 32, 64))))
+    labels = [line.get_label() for line in plots.reward_curve(sweep, by="prompts").axes[0].get_lines()]
+    assert [label.split(" (")[0] for label in labels if "(1 run" in label] == \
+        ["16 prompts", "32 prompts", "64 prompts"]
+
+
 def test_reward_curve_windows_follow_arguments(runs):
     ax = plots.reward_curve(runs, early=(0, 3), late=(20, 23)).axes[0]
     assert "steps 0-3" in " ".join(t.get_text() for t in ax.texts)
