@@ -34,7 +34,8 @@ sys.path.insert(0, str(REPO))
 
 from labkit.client import EventLog, RetryPolicy, RolloutClient, RolloutFailed, build_requests, run_sync  # noqa: E402
 from labkit.engines.base import Sampling  # noqa: E402
-from labkit.serve import SHED_LOAD_ROUTER_ARGS, Cluster, ServeConfig, find_free_base_port, vllm_python  # noqa: E402
+from labkit.processes import find_free_base_port  # noqa: E402
+from labkit.serve import SHED_LOAD_ROUTER_ARGS, Cluster, ServeConfig, vllm_python  # noqa: E402
 from labkit.watchdog import replay, timeline  # noqa: E402
 
 NAMES = ["Ada", "Bo", "Cai", "Dee", "Eli", "Fay", "Gus", "Hana"]

@@ -5,11 +5,10 @@ its 503 bursts came from that router. `labkit serve` rebuilds the setup on one m
 K OpenAI-compatible engine servers (vLLM's, or labkit.engines.fake_server for tests), and
 vllm-router (a Rust load balancer from PyPI) in front of them, all on 127.0.0.1.
 
-Every process starts in its own process group (a new session), so stopping one stops
+Every process starts in its own process group (labkit.processes), so stopping one stops
 the workers it spawned (vLLM's engine core) too; `stop` sends SIGTERM to each group,
 waits, then SIGKILL, and checks by process group that nothing is left. Ports are checked
 before anything starts, and each engine must answer /health before the router starts.
-Children also get SIGTERM if the launching process dies (Linux PR_SET_PDEATHSIG).
 
 Weight sync (`labkit launch --rollout-mode http`): after each optimizer step the trainer
 writes its weights to one safetensors file and asks every engine to load it. vLLM's server
@@ -33,8 +32,6 @@ import json
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -43,6 +40,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from labkit.engines.served_sync import WORKER_EXTENSION
+from labkit.processes import (Proc, ServeError, check_ports_free, group_members, spawn, stop_groups,
+                              wait_healthy)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,14 +57,6 @@ SHED_LOAD_ROUTER_ARGS = (
     "--request-timeout-secs", "60", "--cb-failure-threshold", "8",
     "--cb-timeout-duration-secs", "15", "--disable-retries",
 )
-
-
-class ServeError(RuntimeError):
-    """An engine or the router could not start; the message names the log to read."""
-
-
-class PortInUse(ServeError):
-    """A port that `labkit serve` needs is taken."""
 
 
 @dataclass
@@ -97,90 +88,6 @@ class ServeConfig:
         """Every port this config binds: router, engines, router metrics."""
         extra = [self.port + self.engines + 1] if self.router != "none" else []
         return [self.port] + [self.port + 1 + i for i in range(self.engines)] + extra
-
-
-# ---------------------------------------------------------------------- ports
-def port_is_free(host: str, port: int) -> bool:
-    """True when `port` on `host` can be bound now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def check_ports_free(host: str, ports: Sequence[int]) -> None:
-    """Raise PortInUse naming the first taken port and how to choose others."""
-    for p in ports:
-        if not port_is_free(host, p):
-            raise PortInUse(
-                f"port {p} on {host} is in use (labkit serve needs {ports[0]}..{ports[-1]}); "
-                f"stop what holds it (`ss -ltnp | grep {p}`) or pass another --port"
-            )
-
-
-def find_free_base_port(n: int, host: str = "127.0.0.1", start: int = 20000, tries: int = 200) -> int:
-    """A base port p such that p..p+n-1 are all free now (for tests and scripts)."""
-    import random
-
-    rng = random.Random(os.getpid() ^ time.monotonic_ns())
-    for _ in range(tries):
-        p = rng.randrange(start, 60000 - n)
-        if all(port_is_free(host, p + i) for i in range(n)):
-            return p
-    raise PortInUse(f"found no {n} free consecutive ports on {host} in {tries} tries")
-
-
-# ---------------------------------------------------------------------- processes
-def _die_with_parent() -> None:  # runs in the child before exec
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) process ids whose process group is `pgid` (Linux /proc; elsewhere
-    [pgid] while the group can still be signalled)."""
-    if not Path("/proc/self/stat").exists():
-        try:
-            os.killpg(pgid, 0)
-            return [pgid]
-        except (ProcessLookupError, PermissionError):
-            return []
-    alive = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            alive.append(int(d.name))
-    return alive
-
-
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen
-    log: Path
-    url: str
-
-    @property
-    def pgid(self) -> int:
-        return self.popen.pid  # start_new_session: the child leads its own group
-
-    def tail(self, n: int = 15) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no log)"
 
 
 class Cluster:
@@ -229,14 +136,7 @@ class Cluster:
         return self
 
     def _spawn(self, name: str, cmd: list[str], url: str, env: dict) -> Proc:
-        log = self.log_dir / f"{name}.log"
-        with open(log, "w") as f:
-            f.write("$ " + " ".join(cmd) + "\n")
-            f.flush()
-            popen = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, env={**os.environ, **env},
-                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-        proc = Proc(name, popen, log, url)
+        proc = spawn(name, cmd, url, env, self.log_dir / f"{name}.log")
         self.procs.append(proc)
         return proc
 
@@ -253,25 +153,7 @@ class Cluster:
 
     def stop(self, grace_s: float = 20.0) -> list[int]:
         """SIGTERM every group (router first), SIGKILL what is left; return pids still alive."""
-        groups = [p.pgid for p in reversed(self.procs)]
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            live = [g for g in groups if group_members(g)]
-            for g in live:
-                try:
-                    os.killpg(g, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and any(group_members(g) for g in live):
-                for p in self.procs:
-                    p.popen.poll()  # reap the group leaders
-                time.sleep(0.1)
-        for p in self.procs:
-            try:
-                p.popen.wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                pass
-        left = [pid for g in groups for pid in group_members(g)]
+        left = stop_groups(list(reversed(self.procs)), grace_s)
         self.procs = [p for p in self.procs if group_members(p.pgid)]
         atexit.unregister(self.stop)
         return left
@@ -289,24 +171,6 @@ def warm_up(proc: Proc, timeout_s: float) -> None:
     except OSError as e:
         raise ServeError(f"{proc.name} is healthy but its first completion failed ({e}); "
                          f"see {proc.log}:\n{proc.tail()}") from e
-
-
-def wait_healthy(proc: Proc, timeout_s: float) -> None:
-    """Poll proc's /health until 200; raise ServeError (with its log's tail) if it dies or times out."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.popen.poll() is not None:
-            raise ServeError(f"{proc.name} exited with code {proc.popen.returncode} before it was "
-                             f"healthy; its log {proc.log} ends with:\n{proc.tail()}")
-        try:
-            with urllib.request.urlopen(proc.url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise ServeError(f"{proc.name} did not answer {proc.url}/health within {timeout_s:.0f} s; "
-                     f"see {proc.log}:\n{proc.tail()}")
 
 
 # ---------------------------------------------------------------------- commands

@@ -33,7 +33,8 @@ from labkit.engines.http import (
 from labkit.metrics import METRICS
 from labkit.run import open_run_folder
 from labkit.runlog import RunLogError
-from labkit.serve import Cluster, ServeConfig, find_free_base_port
+from labkit.processes import find_free_base_port
+from labkit.serve import Cluster, ServeConfig
 from labkit.trainer import train
 
 REPO = Path(__file__).parents[1]

@@ -26,7 +26,8 @@ import pytest
 import torch
 
 from labkit.engines.base import Sampling
-from labkit.serve import Cluster, ServeConfig, find_free_base_port, group_members
+from labkit.processes import find_free_base_port, group_members
+from labkit.serve import Cluster, ServeConfig
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 

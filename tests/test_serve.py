@@ -19,10 +19,8 @@ import pytest
 from labkit.client import RolloutClient
 from labkit.engines.base import Sampling
 from labkit.engines.http import HttpEngine
-from labkit.serve import (
-    Cluster, PortInUse, ServeConfig, ServeError, check_ports_free, config_from_args, engine_command,
-    find_free_base_port, group_members,
-)
+from labkit.processes import PortInUse, ServeError, check_ports_free, find_free_base_port, group_members
+from labkit.serve import Cluster, ServeConfig, config_from_args, engine_command
 
 REPO = Path(__file__).parents[1]
 
