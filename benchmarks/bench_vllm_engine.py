@@ -63,15 +63,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def make_prompts(tokenizer, n: int, seed: int) -> list[list[int]]:
-    """Chat-template token ids of n made-up arithmetic problems."""
-    from labkit.data import build_messages, synthetic_problems
+    """labkit's chat prompts (as the trainer builds them) of n made-up arithmetic problems."""
+    from labkit.data import synthetic_problems
+    from labkit.trainer import prompt_token_ids
 
-    ids = []
-    for problem in synthetic_problems(n, steps=2, seed=seed):
-        out = tokenizer.apply_chat_template(build_messages(problem.question),
-                                            add_generation_prompt=True, tokenize=True)
-        ids.append(list(out["input_ids"] if hasattr(out, "keys") else out))
-    return ids
+    return [prompt_token_ids(tokenizer, p.question) for p in synthetic_problems(n, steps=2, seed=seed)]
 
 
 def summarize(name: str, seconds: list[float], tokens: list[int]) -> dict:

