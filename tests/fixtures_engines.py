@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from labkit.processes import ServeError
-from labkit.serve import router_binary
+from labkit.serving.processes import ServeError
+from labkit.serving.cluster import router_binary
 
 
 def have_router(name: str = "vllm-router") -> bool:

@@ -11,10 +11,12 @@ import pytest
 
 from fixtures_runs import CLEAN_N4, write_course_runs
 from public_faces import assert_reexports, names_used_in_notebooks
-from labkit import analysis, compare, costs, gains, metrics, runframe
+from labkit import analysis, metrics
+from labkit.analysis import plots
+from labkit.analysis import costs, gains, runframe, table
 
 def test_public_names_are_the_home_modules():
-    assert_reexports(analysis, (metrics, runframe, gains, costs, compare))
+    assert_reexports(analysis, (metrics, runframe, gains, costs, table, plots))
 
 
 def test_names_the_notebooks_use_are_listed():

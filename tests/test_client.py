@@ -12,12 +12,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from labkit.client import (
+from labkit.serving.client import (
     EventLog, RetryPolicy, RolloutClient, RolloutFailed, RolloutStopped, RouterUnavailable, error_code,
 )
 from labkit.engines.base import Sampling
 from labkit.engines.http import HttpEngine
-from labkit.watchdog import Policy, Watchdog
+from labkit.serving.watchdog import Policy, Watchdog
 
 
 class MaxJitter(random.Random):
@@ -266,7 +266,6 @@ def test_http_engine_groups_answers_by_prompt(tmp_path):
     assert [[c.token_ids for c in group] for group in out] == [[[11, 12], [11, 12]], [[31, 32], [31, 32]]]
     first = out[1][1]
     assert first.prompt_index == 1 and first.logprobs == [-0.5, -1.25] and first.truncated
-    assert first.extra["request_id"] == "s0-p1-a1"
     assert sorted(b["seed"] for b in server.bodies[1:]) == [7, 8, 9, 10]  # the 503'd one is resent
     assert all(b["logprobs"] == 1 and b["return_tokens_as_token_ids"] for b in server.bodies)
     engine.close()  # update_weights: tests/test_http_rollout.py

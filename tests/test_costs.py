@@ -1,4 +1,4 @@
-"""labkit.costs: the common clean steps and the rollout time over them."""
+"""labkit.analysis.costs: the common clean steps and the rollout time over them."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from fixtures_runs import CLEAN_N4, small_run
-from labkit.costs import common_clean_steps, run_costs
-from labkit.runframe import load_runs
+from labkit.analysis.costs import common_clean_steps, run_costs
+from labkit.analysis.runframe import load_runs
 
 
 def test_common_clean_steps_rule(runs):

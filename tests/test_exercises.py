@@ -1,4 +1,4 @@
-"""Tests of labkit.exercises (graders, students' copies, --check) and labkit.profiles."""
+"""Tests of labkit.course.exercises (graders, students' copies, --check) and labkit.course.profiles."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import pandas as pd
 import pytest
 import torch
 
-from labkit import exercises, profiles, students
-from labkit.client import RetryPolicy
-from labkit.exercises import ExerciseError, check
-from labkit.students import student_notebook, student_source
+from labkit.cli import main as labkit_main
+from labkit.course import exercises, profiles, students
+from labkit.serving.client import RetryPolicy
+from labkit.course.exercises import ExerciseError, check
+from labkit.course.students import student_notebook, student_source
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -85,7 +86,7 @@ def test_backoff_wait_before_the_fifth_attempt():
 @pytest.fixture(scope="module")
 def incident(tmp_path_factory) -> Path:
     """A constructed log with bursts 0-10 s, 20-27 s (gap 10 s) and 100-110 s (gap 73 s)."""
-    from labkit.incidents import BurstSpec, make_scenario, write_scenario
+    from labkit.course.incidents import BurstSpec, make_scenario, write_scenario
 
     bursts = [BurstSpec(0.0, 10.0, 5.0), BurstSpec(20.0, 7.0, 5.0), BurstSpec(100.0, 10.0, 5.0)]
     events = make_scenario(bursts, steps=1, step_s=150.0, requests=64, seed=3)
@@ -93,7 +94,7 @@ def incident(tmp_path_factory) -> Path:
 
 
 def test_burst_count_at_another_gap(incident):
-    from labkit.watchdog import replay
+    from labkit.serving.replay import replay
 
     assert len(replay(incident).bursts) == 3
     assert len(replay(incident, burst_gap=30).bursts) == 2
@@ -191,7 +192,7 @@ def test_student_source_keeps_only_the_graded_answer():
 
 
 def test_check_calls_read_the_id_and_the_answer():
-    text = 'labkit.exercises.check("1.3.2", gain, runs=runs)\nexercises.check(\'1.1.2\', 2 * x)'
+    text = 'labkit.course.exercises.check("1.3.2", gain, runs=runs)\nexercises.check(\'1.1.2\', 2 * x)'
     assert students.check_calls(text) == [("1.3.2", "gain"), ("1.1.2", None)]
 
 
@@ -226,14 +227,14 @@ def lesson() -> dict:
     """A small solved lesson: narration, a plot-like cell, an exercise and its check."""
     cells = [
         cell("markdown", "# A lesson\nSome narration."),
-        cell("code", "# NBVAL_IGNORE_OUTPUT\nimport torch\nimport labkit.exercises",
+        cell("code", "# NBVAL_IGNORE_OUTPUT\nimport torch\nimport labkit.course.exercises",
              stream("took 3 s\n"), 1),
         cell("code", "rewards = torch.tensor([[0., 0.], [0., 1.]])\nprint(rewards.shape)",
              stream("torch.Size([2, 2])\n"), 2, tags=["keep-me"]),
         cell("markdown", "### Exercise 1.1.1\nCount the groups."),
         cell("code", "### BEGIN SOLUTION\nno_signal = 1\n### END SOLUTION\nprint(no_signal)",
              stream("1\n"), 3),
-        cell("code", 'labkit.exercises.check("1.1.1", no_signal, rewards=rewards)',
+        cell("code", 'labkit.course.exercises.check("1.1.1", no_signal, rewards=rewards)',
              stream("Exercise 1.1.1: correct.\n"), 4),
         cell("code", "print('the end')", stream("the end\n"), 5),
     ]
@@ -297,23 +298,23 @@ def write_lesson(folder: Path, nb: dict, name: str = "01_lesson.ipynb") -> Path:
 def test_students_command_writes_then_check_passes(tmp_path, capsys):
     src = tmp_path / "notebooks"
     write_lesson(src, lesson())
-    assert students.students_main([str(src), "--check"]) == 1  # missing copy
+    assert labkit_main(["students", str(src), "--check"]) == 1  # missing copy
     assert "missing" in capsys.readouterr().out
-    assert students.students_main([str(src)]) == 0
+    assert labkit_main(["students", str(src)]) == 0
     written = json.loads((src / "students" / "01_lesson.ipynb").read_text())
     assert "BEGIN SOLUTION" not in json.dumps(written)
-    assert students.students_main([str(src), "--check"]) == 0
+    assert labkit_main(["students", str(src), "--check"]) == 0
 
 
 def test_check_detects_a_stale_and_an_extra_copy(tmp_path, capsys):
     src, out = tmp_path / "notebooks", tmp_path / "copies"
     nb = lesson()
     write_lesson(src, nb)
-    assert students.students_main([str(src), "--out", str(out)]) == 0
+    assert labkit_main(["students", str(src), "--out", str(out)]) == 0
     nb["cells"][0]["source"] = ["# A lesson, edited\n"]
     write_lesson(src, nb)
     (out / "99_old.ipynb").write_text("{}")
-    assert students.students_main([str(src), "--out", str(out), "--check"]) == 1
+    assert labkit_main(["students", str(src), "--out", str(out), "--check"]) == 1
     printed = capsys.readouterr().out
     assert "01_lesson.ipynb: stale" in printed and "99_old.ipynb: extra" in printed
 
@@ -321,13 +322,13 @@ def test_check_detects_a_stale_and_an_extra_copy(tmp_path, capsys):
 def test_students_command_defaults_to_the_notebooks_folder(monkeypatch, tmp_path):
     write_lesson(tmp_path / "notebooks", lesson())
     monkeypatch.chdir(tmp_path)
-    assert students.students_main([]) == 0
+    assert labkit_main(["students"]) == 0
     assert (tmp_path / "notebooks" / "students" / "01_lesson.ipynb").exists()
-    assert students.students_main(["--check"]) == 0
+    assert labkit_main(["students", "--check"]) == 0
 
 
 def test_students_command_refuses_a_folder_without_notebooks(tmp_path, capsys):
-    assert students.students_main([str(tmp_path)]) == 2
+    assert labkit_main(["students", str(tmp_path)]) == 2
     assert "holds no .ipynb" in capsys.readouterr().err
 
 

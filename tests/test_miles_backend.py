@@ -1,4 +1,4 @@
-"""labkit.miles_backend: the run folder for miles, the script run in bash against a stub
+"""labkit.miles.backend: the run folder for miles, the script run in bash against a stub
 `ray`, the prompt file, the reward hook, `labkit launch --backend miles`. No GPU, no network."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from labkit import miles_backend, miles_command, miles_log
+from labkit.miles import backend as miles_backend, command as miles_command, log as miles_log
 from labkit.config import RunConfig
 from labkit.data import Problem, build_messages, load_problems, rollout_problems
 
@@ -24,7 +24,7 @@ REPO = Path(__file__).parents[1]
 
 # ------------------------------------------------------------------ refusals
 def test_main_prints_the_refusal_and_fails(capsys, tmp_path):
-    code = miles_backend.main(RunConfig(), explicit={"engine"}, dry_run=True, out_dir=str(tmp_path))
+    code = miles_backend.launch(RunConfig(), explicit={"engine"}, dry_run=True, out_dir=str(tmp_path))
     assert code == 2
     assert "--engine" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
@@ -184,15 +184,15 @@ def test_scripts_are_valid_bash(cfg, tmp_path):
 def test_main_writes_the_run_folder(tmp_path, capsys):
     cfg = RunConfig(data="synthetic", num_rollout=2, eval_interval=1, eval_split_size=4)
     out = tmp_path / "run"
-    assert miles_backend.main(cfg, explicit={"data"}, dry_run=True, out_dir=str(out)) == 0
+    assert miles_backend.launch(cfg, explicit={"data"}, dry_run=True, out_dir=str(out)) == 0
     assert not out.exists()
     printed = capsys.readouterr().out
     assert "--n-samples-per-prompt 8" in printed and "--adam-beta2" in printed
-    assert miles_backend.main(cfg, explicit={"data"}, dry_run=False, out_dir=str(out)) == 0
+    assert miles_backend.launch(cfg, explicit={"data"}, dry_run=False, out_dir=str(out)) == 0
     script = out / miles_backend.SCRIPT
     assert script.stat().st_mode & stat.S_IXUSR
     assert len(miles_backend.read_prompt_data(out / miles_backend.PROMPTS)) == 5000
     assert len(miles_backend.read_prompt_data(out / miles_backend.EVAL_PROMPTS)) == 4
     info = json.loads((out / miles_backend.PROVENANCE).read_text())
     assert info["config"]["n_samples_per_prompt"] == 8 and "00e365d" in info["miles"]
-    assert miles_backend.main(cfg, explicit={"data"}, dry_run=False, out_dir=str(out)) == 2  # no overwrite
+    assert miles_backend.launch(cfg, explicit={"data"}, dry_run=False, out_dir=str(out)) == 2  # no overwrite

@@ -1,10 +1,10 @@
-"""labkit.miles_command: the recipe as miles' train.py flags, refusals, miles' defaults."""
+"""labkit.miles.command: the recipe as miles' train.py flags, refusals, miles' defaults."""
 
 from __future__ import annotations
 
 import pytest
 
-from labkit import miles_command
+from labkit.miles import command as miles_command
 from labkit.config import RunConfig, resolve_args
 
 # The recipe (32 prompts x 8 answers, global batch 256) as miles flags, written out by hand.

@@ -1,4 +1,4 @@
-"""labkit.miles_log: miles' stdout logs and wandb exports read into labkit's metric names."""
+"""labkit.miles.log: miles' stdout logs and wandb exports read into labkit's metric names."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from labkit import miles_log
+from labkit.miles import log as miles_log
 from labkit.metrics import METRICS, STEP
 
 FIXTURES = Path(__file__).parent / "fixtures" / "miles"

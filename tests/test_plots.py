@@ -1,4 +1,4 @@
-"""Tests for labkit.plots: each figure renders headless, reads right, and saves as PNG and SVG."""
+"""Tests for labkit.analysis.plots: each figure renders headless, reads right, and saves as PNG and SVG."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import pytest
 from matplotlib.collections import PolyCollection
 
 from fixtures_runs import CLEAN_N4, write_course_runs
-from labkit import analysis, plots
+from labkit import analysis
+from labkit.analysis import plots
 
 
 @pytest.fixture(scope="module")

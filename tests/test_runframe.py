@@ -1,4 +1,4 @@
-"""labkit.runframe: run folders and miles logs into one tidy frame, the heat columns, bad input."""
+"""labkit.analysis.runframe: run folders and miles logs into one tidy frame, the heat columns, bad input."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from fixtures_runs import CLEAN_N4, PAUSED_N4, rewards_with_gain, small_run
-from labkit.gains import run_gains
-from labkit.runframe import AnalysisError, load_runs
+from labkit.analysis.gains import run_gains
+from labkit.analysis.runframe import AnalysisError, load_runs
 
 
 def test_load_runs_tidy_frame(runs):
@@ -77,7 +77,7 @@ def test_miles_log_goes_through_read_miles_log(tmp_path, monkeypatch):
                              "perf/rollout_time": [100.0, 110.0, 120.0],
                              "n_samples_per_prompt": [16] * 3, "rollout_batch_size": [32] * 3})
 
-    monkeypatch.setitem(sys.modules, "labkit.miles_log",
+    monkeypatch.setitem(sys.modules, "labkit.miles.log",
                         types.SimpleNamespace(read_miles_log=fake_read))
     frame = load_runs(log)
     assert seen == [log]
@@ -100,7 +100,7 @@ def test_miles_run_folder_found_by_search(tmp_path, monkeypatch):
                              "heat/clean": np.nan, "n_samples_per_prompt": 4,
                              "rollout_batch_size": 32, "run_name": "miles-n4"})
 
-    monkeypatch.setitem(sys.modules, "labkit.miles_log", types.SimpleNamespace(read_miles_log=fake_read))
+    monkeypatch.setitem(sys.modules, "labkit.miles.log", types.SimpleNamespace(read_miles_log=fake_read))
     frame = load_runs(tmp_path)
     per_run = frame.groupby("run").first()
     assert per_run.loc["miles-n4", "engine"] == "miles"
@@ -110,7 +110,7 @@ def test_miles_run_folder_found_by_search(tmp_path, monkeypatch):
 
 
 def test_real_miles_log(tmp_path):
-    pytest.importorskip("labkit.miles_log")
+    pytest.importorskip("labkit.miles.log")
     printed = [f"  {k} ........ {v}" for k, v in [("rollout_batch_size", 32), ("seed", 1),
                                                   ("n_samples_per_prompt", 16),
                                                   ("global_batch_size", 512)]]

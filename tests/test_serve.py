@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from labkit.client import RolloutClient
+from labkit.serving.client import RolloutClient
 from labkit.engines.base import Sampling
 from labkit.engines.http import HttpEngine
-from labkit.processes import PortInUse, ServeError, check_ports_free, find_free_base_port, group_members
-from labkit.serve import Cluster, ServeConfig, config_from_args, engine_command
+from labkit.serving.processes import PortInUse, ServeError, check_ports_free, find_free_base_port, group_members
+from labkit.cli import serve_config
+from labkit.serving.cluster import Cluster, ServeConfig, engine_command
 
 REPO = Path(__file__).parents[1]
 
@@ -66,10 +67,10 @@ EAGER_64 = ("--enforce-eager", "--max-num-seqs", "64")
     ["--engine-args=--enforce-eager --max-num-seqs 64", "--dtype", "float32"],  # = form, then more
 ], ids=["rest-of-line", "quoted", "equals"])
 def test_engine_args_that_start_with_a_dash_reach_the_engine(argv):
-    cfg, _ = config_from_args(argv)
+    cfg, _ = serve_config(argv)
     assert cfg.engine_args == EAGER_64 and cfg.dtype == "float32"
     assert tuple(engine_command(dataclasses.replace(cfg, backend="fake"), 8001)[-3:]) == EAGER_64
-    assert config_from_args(["--engine-args", "--enforce-eager"])[0].engine_args == ("--enforce-eager",)
+    assert serve_config(["--engine-args", "--enforce-eager"])[0].engine_args == ("--enforce-eager",)
 
 
 def test_engines_without_router_answer_and_stop_cleanly(tmp_path):
@@ -106,10 +107,10 @@ def test_an_engine_that_cannot_start_is_reported_and_nothing_is_left(tmp_path):
 
 
 def run_serve(tmp_path, *extra) -> tuple[subprocess.Popen, dict]:
-    """Start `python -m labkit.serve` with a fake engine; return it and its serve.json."""
+    """Start `labkit serve` with a fake engine; return it and its serve.json."""
     port = find_free_base_port(3)
     log_dir = tmp_path / "serve"
-    cmd = [sys.executable, "-m", "labkit.serve", "--backend", "fake", "--engines", "1",
+    cmd = [sys.executable, "-m", "labkit", "serve", "--backend", "fake", "--engines", "1",
            "--router", "vllm-router" if have_router() else "none", "--port", str(port),
            "--log-dir", str(log_dir), "--startup-timeout-s", "30", *extra]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -15,7 +15,7 @@ import labkit
 from labkit.checkpoint import latest_checkpoint
 from labkit.heat import HeatGuard, ScriptedSensor
 from labkit.metrics import METRICS, STEP
-from labkit.run import Run
+from labkit.runlog import Run
 from labkit.runlog import RunLogError
 from labkit.stopping import StopController
 from labkit.trainer import train

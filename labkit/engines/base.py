@@ -9,7 +9,7 @@ which keeps prompts identical whichever engine writes the answers.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 
@@ -34,7 +34,6 @@ class Completion:
     text: str
     finish_reason: str  # "stop" (an end token) or "length" (hit max_tokens)
     logprobs: Optional[list[float]] = None  # sampling log-prob of each chosen token
-    extra: dict = field(default_factory=dict)
 
     @property
     def truncated(self) -> bool:

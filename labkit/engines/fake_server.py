@@ -7,14 +7,10 @@ requests at a time for `--delay-s` each, and takes the trainer's weight sync
 (`/collective_rpc` with labkit_load_weights, `/reset_prefix_cache`), printing one line per
 weights file it read with the sum of its values, which a test can check.
 
-    python -m labkit.engines.fake_server --port 8001 --delay-s 0.05 --slots 8
+    labkit fake-engine --port 8001 --delay-s 0.05 --slots 8
 """
 
 from __future__ import annotations
-
-import argparse
-import sys
-from typing import Optional, Sequence
 
 from labkit.engines.served_sync import LOAD_WEIGHTS_METHOD
 
@@ -43,8 +39,10 @@ def fake_load_weights(path: str) -> dict:
     return {"tensors": len(tensors), "sum": total, "seconds": 0.0}
 
 
-def engine_main(argv: Optional[Sequence[str]] = None) -> int:
-    """A fake OpenAI-compatible engine: `slots` requests at a time, `delay_s` each (tests).
+def run_fake_engine(port: int, *, host: str = "127.0.0.1", delay_s: float = 0.05, slots: int = 8,
+                    vocab_size: int = 1000, served_model_name: str = "fake") -> int:
+    """Serve a fake OpenAI-compatible engine until a signal: `slots` requests at a time,
+    `delay_s` each (tests; `labkit fake-engine` starts it).
 
     It also takes the trainer's weight sync (/collective_rpc with labkit_load_weights,
     /reset_prefix_cache) and prints one line per weights file it read, with its sum."""
@@ -52,20 +50,11 @@ def engine_main(argv: Optional[Sequence[str]] = None) -> int:
 
     from aiohttp import web
 
-    p = argparse.ArgumentParser(prog="python -m labkit.engines.fake_server")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--delay-s", type=float, default=0.05)
-    p.add_argument("--slots", type=int, default=8)
-    p.add_argument("--vocab-size", type=int, default=1000)
-    p.add_argument("--served-model-name", default="fake")
-    a = p.parse_args(argv)
-
     async def completions(request):
         body = await request.json()
         async with request.app["slots"]:
-            await asyncio.sleep(a.delay_s)
-        return web.json_response(fake_answer(body, a.served_model_name, a.vocab_size))
+            await asyncio.sleep(delay_s)
+        return web.json_response(fake_answer(body, served_model_name, vocab_size))
 
     async def collective_rpc(request):
         body = await request.json()
@@ -85,19 +74,15 @@ def engine_main(argv: Optional[Sequence[str]] = None) -> int:
         return web.Response(text="ok")
 
     async def models(_):
-        return web.json_response({"object": "list", "data": [{"id": a.served_model_name, "object": "model"}]})
+        return web.json_response({"object": "list", "data": [{"id": served_model_name, "object": "model"}]})
 
     async def on_startup(app):
-        app["slots"] = asyncio.Semaphore(a.slots)
+        app["slots"] = asyncio.Semaphore(slots)
 
     app = web.Application()
     app.on_startup.append(on_startup)
     app.add_routes([web.post("/v1/completions", completions), web.get("/health", health),
                     web.get("/v1/models", models), web.post("/collective_rpc", collective_rpc),
                     web.post("/reset_prefix_cache", reset_prefix_cache)])
-    web.run_app(app, host=a.host, port=a.port, print=None, handle_signals=True)
+    web.run_app(app, host=host, port=port, print=None, handle_signals=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(engine_main(sys.argv[1:]))

@@ -34,7 +34,7 @@ class EngineWeightSync:
         from safetensors import safe_open
         from vllm.platforms import current_platform
 
-        from labkit.engines.vllm import _RELOAD_LOGGER, _quiet, _refresh_tied_heads
+        from labkit.engines.vllm import RELOAD_LOGGER, quiet_logger, refresh_tied_heads
 
         start = time.perf_counter()
         model = self.model_runner.get_model()
@@ -48,10 +48,10 @@ class EngineWeightSync:
                     count += 1
                     yield name, f.get_tensor(name).to(device=device, dtype=dtype)
 
-        with _quiet(_RELOAD_LOGGER):
+        with quiet_logger(RELOAD_LOGGER):
             self.reload_weights(weights_iterator=stream())
             if current_platform.is_cpu():
-                _refresh_tied_heads(model)
+                refresh_tied_heads(model)
         if count == 0:
             raise ValueError(f"labkit_load_weights: {path} holds no tensors")
         return {"tensors": count, "seconds": round(time.perf_counter() - start, 3)}

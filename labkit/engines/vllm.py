@@ -224,10 +224,10 @@ class VLLMEngine(Engine):
                 count[0] += 1
                 yield name, param.detach().to(self.dtype)
 
-        with self._fatal("update_weights"), _quiet(_RELOAD_LOGGER):
+        with self._fatal("update_weights"), quiet_logger(RELOAD_LOGGER):
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream()})
             if self.device == "cpu":
-                self.llm.apply_model(_refresh_tied_heads)
+                self.llm.apply_model(refresh_tied_heads)
             self.llm.reset_prefix_cache()
         if count[0] == 0:
             raise ValueError("update_weights: the model has no parameters to send")
@@ -302,11 +302,11 @@ class VLLMEngine(Engine):
 # ---------------------------------------------------------------------- helpers
 # reload_weights warns "Failed to load weights" for layers with nothing in the stream (the
 # rotary cache, a tied head): expected here, and every step, so it is silenced.
-_RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 
 
 @contextlib.contextmanager
-def _quiet(logger_name: str):
+def quiet_logger(logger_name: str):
     """Raise a logger's level to ERROR for the duration of the block."""
     log = logging.getLogger(logger_name)
     level = log.level
@@ -349,7 +349,7 @@ def _named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tenso
     yield from model.named_parameters()
 
 
-def _refresh_tied_heads(model: torch.nn.Module) -> None:
+def refresh_tied_heads(model: torch.nn.Module) -> None:
     """Re-run post-load processing of layers whose weight is another layer's (a tied LM head).
 
     Such a layer is not in the streamed checkpoint, so reload_weights leaves whatever it

@@ -6,7 +6,7 @@ committed logs keep the row's split and index (`prompt_id`) and the model's comp
 whose restatements of the problem labkit already cut when it wrote them. Checkpoints and
 stdout are left behind.
 
-    python benchmarks/import_runs.py RUN_FOLDER... --dest data/runs \
+    python scripts/gpu/import_runs.py RUN_FOLDER... --dest data/runs \
         --model "Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF, dequantized (see README)"
 """
 

@@ -8,7 +8,7 @@ heat columns: ``heat_pause_s`` (seconds of heat.jsonl pauses inside the step), `
 and ``heat_guard`` (the run logged heat/clean). A run that logged no `heat/clean` (made
 before the heat guard) counts its steps as clean unless its heat.jsonl records a pause.
 
-Runs come from labkit run folders (see labkit.runlog) or from miles logs (labkit.miles_log).
+Runs come from labkit run folders (see labkit.runlog) or from miles logs (labkit.miles.log).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def load_runs(paths: PathLike | Sequence[PathLike]) -> pd.DataFrame:
 
     `paths`: a path or a list of them; each is a run folder, a folder searched for run
     folders (like ``data/runs``), or a miles log: a file, or a folder holding miles.log
-    (read by `labkit.miles_log.read_miles_log`).
+    (read by `labkit.miles.log.read_miles_log`).
     Columns: ``run, group_size, prompts, global_batch, seed, model, engine, lr, source, path,
     status``, the step key ``rollout/step``, every logged metric, and ``heat_pause_s`` (seconds
     of heat.jsonl pauses inside the step), ``clean`` (no pause touched the rollout),
@@ -179,17 +179,17 @@ def _read_json(path: Path) -> dict:
 
 
 def _read_miles(path: Path) -> pd.DataFrame:
-    """A miles log (a file, or a folder holding miles.log) as tidy rows, via labkit.miles_log.
+    """A miles log (a file, or a folder holding miles.log) as tidy rows, via labkit.miles.log.
 
     Config values the log lacks (model, lr) come from labkit_miles.json beside it, when
     labkit wrote the run's script; the engine is "miles".
     """
     try:
-        from labkit.miles_log import read_miles_log  # only miles logs need the parser
+        from labkit.miles.log import read_miles_log  # only miles logs need the parser
     except ImportError as e:
         raise AnalysisError(
             f"{path} is not a labkit run folder, so it is read as a miles log, but "
-            f"labkit.miles_log cannot be imported ({e}); name a labkit run folder instead"
+            f"labkit.miles.log cannot be imported ({e}); name a labkit run folder instead"
         ) from e
     steps = read_miles_log(path)
     if steps is None or len(steps) == 0:
@@ -218,7 +218,7 @@ def _tidy(steps: pd.DataFrame, config: dict, *, name: str, path: Path, source: s
     twice = sorted(steps.loc[steps[STEP].duplicated(), STEP].unique())
     if twice:
         raise AnalysisError(
-            f"run {name}: step(s) {_steps_text(twice)} appear more than once in {path}; a resumed "
+            f"run {name}: step(s) {steps_text(twice)} appear more than once in {path}; a resumed "
             f"run must go on after its last logged step. Keep one line per step and load again"
         )
     steps = steps.sort_values(STEP, ignore_index=True)
@@ -297,7 +297,7 @@ def metric_values(run: pd.DataFrame, column: str) -> pd.Series:
     return pd.to_numeric(run[column], errors="coerce")
 
 
-def _steps_text(steps: Sequence[int]) -> str:
+def steps_text(steps: Sequence[int]) -> str:
     return ", ".join(str(int(s)) for s in steps)
 
 

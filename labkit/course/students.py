@@ -5,26 +5,24 @@
 assigns (or a NotImplementedError when it assigns none), and the outputs of the exercise
 and check cells are cleared, since they would show the answer. `labkit students --check`
 fails when the committed copies are not what the sources give, which keeps them in step
-in CI. The checks themselves are in `labkit.exercises`.
+in CI. The checks themselves are in `labkit.course.exercises`.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
-import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
-from labkit.exercises import _CHECK_RE, BEGIN, END
+from labkit.course.exercises import CHECK_RE, BEGIN, END
 
 STUDENTS = "students"  # default folder of the students' copies, inside the sources' folder
 
 
 def check_calls(text: str) -> list[tuple[str, Optional[str]]]:
     """The (exercise id, answer variable or None) of each `exercises.check(...)` call in text."""
-    return [(m["id"], m["answer"]) for m in _CHECK_RE.finditer(text)]
+    return [(m["id"], m["answer"]) for m in CHECK_RE.finditer(text)]
 
 
 def student_source(source: str, id: str, answer: Optional[str] = None) -> str:
@@ -94,7 +92,7 @@ def student_notebook(nb: dict, *, source_name: str = "") -> dict:
                 cell["source"] = _lines(student_source(text, id, answer))
             except ValueError as e:
                 raise ValueError(f"{source_name or 'notebook'} cell {i}: {e}") from None
-        if solution or _CHECK_RE.search(text):
+        if solution or CHECK_RE.search(text):
             cell["outputs"], cell["execution_count"] = [], None
     name = source_name or "the source notebook"
     cells.insert(0, {
@@ -172,37 +170,3 @@ def stale_students(src_dir: Path, out_dir: Optional[Path] = None) -> list[str]:
         if path.name not in wanted:
             problems.append(f"{path}: extra (no source notebook {path.name})")
     return problems
-
-
-def students_main(argv: Sequence[str] | None = None) -> int:
-    """`labkit students [SRC_DIR] [--out DIR] [--check]`: write (or check) the students' copies.
-    Returns 0, 1 when --check finds stale copies, 2 for a bad SRC_DIR or notebook."""
-    p = argparse.ArgumentParser(prog="labkit students", description=__doc__.split("\n")[0])
-    p.add_argument("src", nargs="?", default="notebooks",
-                   help="folder of the source notebooks, with solutions (default: notebooks)")
-    p.add_argument("--out", default=None, help=f"folder for the copies (default: SRC/{STUDENTS})")
-    p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 when the copies differ from what SRC gives")
-    a = p.parse_args(list(sys.argv[1:] if argv is None else argv))
-    src = Path(a.src)
-    if not src.is_dir() or not any(src.glob("*.ipynb")):
-        print(f"labkit students: {src} holds no .ipynb notebook; name the folder of the "
-              f"lessons, e.g. notebooks/", file=sys.stderr)
-        return 2
-    try:
-        if a.check:
-            problems = stale_students(src, a.out)
-            for line in problems:
-                print(line)
-            if problems:
-                print(f"the students' copies are out of date; run: labkit students {src}"
-                      + (f" --out {a.out}" if a.out else ""), file=sys.stderr)
-                return 1
-            print(f"students' copies up to date ({len(student_texts(src))} notebooks)")
-            return 0
-        for path in write_students(src, a.out):
-            print(f"wrote {path}")
-    except (ValueError, json.JSONDecodeError) as e:
-        print(f"labkit students: {e}", file=sys.stderr)
-        return 2
-    return 0

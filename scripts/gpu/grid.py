@@ -8,9 +8,9 @@ next run of the plan as one ends; each later call runs `collect`, which waits (u
 metrics, samples, heat, status, stdout) into one tarball under --out. `collect --stop`
 ends the runs that are still going: each stops after its step, its log complete.
 
-    python benchmarks/h200_grid.py start --plan group-size --model M.gguf --data gsm8k-folder \
+    python scripts/gpu/grid.py start --plan group-size --model M.gguf --data gsm8k-folder \
         --runs-dir $HOME/runs --per-gpu 2 --gpu-delay 1=150
-    python benchmarks/h200_grid.py collect --runs-dir $HOME/runs --out $OUT --wait 540
+    python scripts/gpu/grid.py collect --runs-dir $HOME/runs --out $OUT --wait 540
 """
 
 from __future__ import annotations
@@ -41,20 +41,11 @@ def _n(n: int, seed: int, lr: str = "1e-6", prompts: int = 32) -> list[str]:
 
 # name -> flags, in priority order. The longest runs go first so the queue ends evenly.
 PLANS = {
-    "group-size": {  # issue 8 / 10: 4, 8, 16 answers x 3 seeds at lr 1e-6, then the prompt sweep
+    "group-size": {  # 4, 8, 16 answers x 3 seeds at lr 1e-6, then the prompt sweep
         "n16-lr1e-6-s1": _n(16, 1), "n16-lr1e-6-s2": _n(16, 2), "n16-lr1e-6-s3": _n(16, 3),
         "n8-lr1e-6-s2": _n(8, 2), "n8-lr1e-6-s3": _n(8, 3),
         "n4-lr1e-6-s1": _n(4, 1), "n4-lr1e-6-s2": _n(4, 2), "n4-lr1e-6-s3": _n(4, 3),
         "p64-n8-lr1e-6-s1": _n(8, 1, prompts=64), "p16-n8-lr1e-6-s1": _n(8, 1, prompts=16),
-    },
-    "rerun": {  # the runs of "group-size" that failed the first time, longest first
-        "n8-lr1e-6-s3": _n(8, 3), "n4-lr1e-6-s1": _n(4, 1), "n4-lr1e-6-s2": _n(4, 2),
-        "n16-lr1e-6-s1": _n(16, 1),
-        "p16-n8-lr1e-6-s1": _n(8, 1, prompts=16), "p64-n8-lr1e-6-s1": _n(8, 1, prompts=64),
-    },
-    "rest": {  # what the second session's device time did not finish
-        "p64-n8-lr1e-6-s1": _n(8, 1, prompts=64), "n16-lr1e-6-s1": _n(16, 1),
-        "p16-n8-lr1e-6-s1": _n(8, 1, prompts=16),
     },
 }
 LIGHT = ["config.json", "metrics.jsonl", "samples.jsonl", "heat.jsonl", "status.json"]

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One GPU to itself, one job after another (issue 3): labkit's vLLM engine against raw vLLM,
+# One GPU to itself, one job after another: labkit's vLLM engine against raw vLLM,
 # then the recipe for a few steps with --engine hf and with --engine vllm, same model and seed.
-# h200_session.sh starts it detached (setsid) so it outlives the 10-minute calls; logs go to
-# $SOLO/logs, run folders to $SOLO/runs, and `h200_session.sh collect` brings them back.
-#   GPU=0 SOLO=$HOME/solo M=model.gguf D=gsm8k-folder bash benchmarks/h200_solo.sh
+# session.sh starts it detached (setsid) so it outlives the 10-minute calls; logs go to
+# $SOLO/logs, run folders to $SOLO/runs, and `session.sh collect` brings them back.
+#   GPU=0 SOLO=$HOME/solo M=model.gguf D=gsm8k-folder bash scripts/gpu/solo.sh
 # Env: JOBS (default "bench_vllm recipe_hf recipe_vllm"), REPEATS (benchmark rounds, 5),
 # VLLM_STEPS (8), HF_LIMIT (s, 600).
 # Each job has its own limit (timeout; SIGTERM first, so a labkit run stops after its step

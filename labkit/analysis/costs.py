@@ -9,7 +9,7 @@ Rule for the common clean steps: the intersection of the clean step numbers, wit
 compared steps (0 to the end of the late window), of the runs that have at least one clean
 step. A run with no clean step at all would empty the intersection for everyone, so it is
 left out of it and shown with its all-steps median, labelled as including the pauses. Which
-steps are clean is decided when the runs are loaded (labkit.runframe: the `clean` column).
+steps are clean is decided when the runs are loaded (labkit.analysis.runframe: the `clean` column).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from labkit.metrics import STEP
-from labkit.runframe import RESPONSE_LEN, ROLLOUT_TIME, TOKENS, Runs, as_runs, metric_values
+from labkit.analysis.runframe import RESPONSE_LEN, ROLLOUT_TIME, TOKENS, Runs, as_runs, metric_values
 
 
 def common_clean_steps(runs: Runs, *, last_step: int | None = None) -> tuple[list[int], list[str]]:

@@ -173,7 +173,7 @@ class RolloutClient:
     """Send many JSON requests to one base URL, at most `max_open_requests` open at once.
 
     `sleep`, `clock` (monotonic) and `rng` are injectable so tests run without waiting.
-    A `watchdog` (labkit.watchdog.Watchdog) sees every event and a tick each second; its
+    A `watchdog` (labkit.serving.watchdog.Watchdog) sees every event and a tick each second; its
     "lower"/"restore" decisions change the open limit, "stop" ends the rollout with
     `RolloutStopped`. The router's /health is checked once, before the first rollout.
     """
@@ -404,5 +404,4 @@ def parse_completion(answer: dict, prompt_index: int, request_id: str, tokenizer
     logprobs = lp.get("token_logprobs")
     return Completion(prompt_index=prompt_index, token_ids=list(token_ids),
                       text=choice.get("text", ""), finish_reason=choice.get("finish_reason") or "stop",
-                      logprobs=[float(x) for x in logprobs] if logprobs else None,
-                      extra={"request_id": request_id})
+                      logprobs=[float(x) for x in logprobs] if logprobs else None)

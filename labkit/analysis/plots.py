@@ -39,10 +39,10 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
-from labkit.costs import common_clean_steps, run_costs  # noqa: E402
-from labkit.gains import EARLY, LATE  # noqa: E402
+from labkit.analysis.costs import common_clean_steps, run_costs  # noqa: E402
+from labkit.analysis.gains import EARLY, LATE  # noqa: E402
 from labkit.metrics import STEP  # noqa: E402
-from labkit.runframe import (  # noqa: E402
+from labkit.analysis.runframe import (  # noqa: E402
     RESPONSE_LEN, REWARD, ROLLOUT_TIME, ZERO_STD, Runs, as_runs, metric_values)
 
 STEP_LABEL = "step (rollout index, from 0)"

@@ -5,7 +5,7 @@ launches the recipe as written (`gpu`: `RunConfig()`, Qwen2.5-0.5B-Instruct, 32 
 x 8 answers, 24 steps). On a laptop or a CI runner with no GPU it launches the same loop
 on the embedded SmolLM2-135M (`cpu`: synthetic problems, 2 prompts x 4 answers, 48
 tokens, one step), so every cell runs and every exercise can be graded. The first cell of
-each notebook is `PROFILE = labkit.profiles.pick()`: the GPU when there is one, else the
+each notebook is `PROFILE = labkit.course.profiles.pick()`: the GPU when there is one, else the
 CPU, and the environment variable LABKIT_PROFILE overrides both.
 
 The lessons also need to find the course's data from wherever the notebook is opened
@@ -25,16 +25,11 @@ from labkit.config import EMBEDDED_MODEL, RECIPE_MODEL, ConfigError, RunConfig
 PROFILE_ENV = "LABKIT_PROFILE"
 RUNS_ENV = "LABKIT_RUNS_DIR"
 
-# Each profile is the changes it makes to RunConfig(), so it shows what it changes.
-PROFILES: dict[str, dict] = {
-    # The course's recipe as written: RunConfig() defaults, Qwen2.5-0.5B-Instruct, 24 steps.
-    "gpu": dict(model=RECIPE_MODEL),
-    # The embedded model on made-up one-step problems: one short step on 2 CPU cores.
-    "cpu": dict(
-        model=EMBEDDED_MODEL, data="synthetic", synthetic_steps=1, engine="hf",
-        rollout_batch_size=2, n_samples_per_prompt=4, global_batch_size=8, micro_batch_size=8,
-        num_rollout=1, rollout_max_response_len=48, lr=1e-5, eval_split_size=8,
-    ),
+# A profile is a kind of machine; the run it launches is a preset of labkit.config.PRESETS
+# (one definition of each run, whatever launches it).
+PROFILES: dict[str, str] = {
+    "gpu": "recipe",  # the course's recipe as written: Qwen2.5-0.5B-Instruct, 24 steps
+    "cpu": "lesson-cpu",  # the embedded model on made-up problems, one short step
 }
 WHAT = {
     "gpu": f"the recipe: {RECIPE_MODEL}, 32 prompts x 8 answers, 24 steps",
@@ -103,8 +98,8 @@ def config(profile: str, **changes) -> RunConfig:
     """
     if profile not in PROFILES:
         raise ConfigError(f"unknown profile {profile!r}; use one of: {', '.join(PROFILES)}")
-    values = {"output_dir": str(_near(course_root() / "runs")), **PROFILES[profile], **changes}
-    return RunConfig().replace(**values).check()
+    values = {"output_dir": str(_near(course_root() / "runs")), **changes}
+    return RunConfig.preset(PROFILES[profile], **values).check()
 
 
 def _near(path: Path) -> Path:
@@ -149,7 +144,7 @@ def incident_log(name: Optional[str] = None, *, folder: Optional[Path] = None,
 
     `name` (a file stem or name in data/incidents) picks a recording; without it the first
     recording there is taken. With no recording at all, the constructed course scenario
-    (labkit.incidents.course_scenario: made up, not measured) is written to
+    (labkit.course.incidents.course_scenario: made up, not measured) is written to
     `scratch`/course.constructed.jsonl (default: out/incidents, ignored by git) and that
     path is returned; replay() and the timeline label it CONSTRUCTED.
     Raises FileNotFoundError for a `name` that is not there.
@@ -164,7 +159,7 @@ def incident_log(name: Optional[str] = None, *, folder: Optional[Path] = None,
                                 f"{folder or 'data/incidents'} (recordings there: {have})")
     if recorded:
         return recorded[0]
-    from labkit.incidents import course_scenario, write_scenario
+    from labkit.course.incidents import course_scenario, write_scenario
 
     scratch = Path(scratch) if scratch else course_root() / "out" / "incidents"
     return write_scenario(scratch / "course.constructed.jsonl", course_scenario())

@@ -3,7 +3,7 @@ where the recipe's command departs from miles' defaults.
 
 The course's recipe comes from miles (github.com/radixark/miles, a sibling of THUDM/slime:
 SGLang rollouts, Megatron training, Ray). `build_command` spells a RunConfig as the
-arguments of miles' train.py, grouped by family; labkit.miles_backend wraps them in a
+arguments of miles' train.py, grouped by family; labkit.miles.backend wraps them in a
 launch script. What was matched, and where (radixark/miles at these commits):
 
 * flags and defaults: `miles/utils/arguments.py` @ 00e365d95b8ea10495403d0ea3e075d6f830654b;
@@ -15,7 +15,7 @@ launch script. What was matched, and where (radixark/miles at these commits):
 Every value is passed explicitly (miles' defaults differ: `default_differences`),
 `MILES_NUM_ROLLOUT` sets `--num-rollout` at run time and `MILES_EXTRA_ARGS` goes last,
 where miles' argparse keeps the last value: the course's `-e` lines work unchanged. The
-reward is labkit's own, through `--custom-rm-path` (see labkit.miles_backend). Knobs miles
+reward is labkit's own, through `--custom-rm-path` (see labkit.miles.backend). Knobs miles
 has no equivalent for are refused by name (`refuse_unsupported`), never dropped silently.
 """
 
@@ -27,7 +27,7 @@ from typing import Iterable, Optional
 
 from labkit.config import EMBEDDED_MODEL, RECIPE_MODEL, RunConfig
 
-INPUT_KEY, LABEL_KEY = "messages", "label"  # the prompt file's fields (labkit.miles_backend)
+INPUT_KEY, LABEL_KEY = "messages", "label"  # the prompt file's fields (labkit.miles.backend)
 EVAL_NAME = "heldout"  # eval/<name> in miles' log
 REWARD_HOOK = "labkit.miles.miles_reward"  # the public path of miles_backend.miles_reward
 

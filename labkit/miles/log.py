@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from labkit.metrics import METRICS, STEP
-from labkit.miles_command import EVAL_NAME, parse_train_args
+from labkit.miles.command import EVAL_NAME, parse_train_args
 
 if TYPE_CHECKING:
     import pandas as pd

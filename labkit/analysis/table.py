@@ -1,25 +1,24 @@
-"""The group-size table: gains and rollout cost side by side, and the `labkit compare` command.
+"""The group-size table: gains and rollout cost side by side, for one setting.
 
 One row per group size, as display strings: the gain of each seed and their spread, the
 bootstrap interval, the rollout time over the common clean steps and against the reference
-group size, tokens per step and answer length. The numbers come from labkit.gains and
-labkit.costs; this module checks that the runs compare one setting (only the group size
-and the seed may differ), puts the numbers into words, and prints them for the command.
+group size, tokens per step and answer length. The numbers come from labkit.analysis.gains and
+labkit.analysis.costs; this module checks that the runs compare one setting (only the group size
+and the seed may differ) and puts the numbers into words.
 """
 
 from __future__ import annotations
 
 import sys
 import warnings
-from pathlib import Path
 
 import pandas as pd
 
-from labkit.costs import common_clean_steps, run_costs
-from labkit.gains import (EARLY, LATE, REFERENCE, _check_window, group_gains, inside_one_range,
+from labkit.analysis.costs import common_clean_steps, run_costs
+from labkit.analysis.gains import (EARLY, LATE, REFERENCE, check_window, group_gains, inside_one_range,
                           run_gains)
 from labkit.metrics import STEP
-from labkit.runframe import AnalysisError, Runs, _steps_text, as_runs, load_runs
+from labkit.analysis.runframe import AnalysisError, Runs, as_runs
 
 
 def check_comparable(runs: pd.DataFrame) -> list[str]:
@@ -68,7 +67,7 @@ def compare(runs: Runs, *, reference: int = REFERENCE, early=EARLY, late=LATE,
     check_comparable(runs)
     options = dict(early=early, late=late, n_boot=n_boot, ci=ci, seed=seed)
     gains = group_gains(runs, **options)
-    costs = run_costs(runs, last_step=_check_window(late, "late")[1])
+    costs = run_costs(runs, last_step=check_window(late, "late")[1])
     try:
         verdict = inside_one_range(run_gains(runs, **options), reference).text
     except AnalysisError as e:
@@ -140,7 +139,7 @@ def render_table(table: pd.DataFrame, fmt: str = "markdown") -> str:
     raise ValueError(f"fmt={fmt!r}: use 'markdown' or 'text'")
 
 
-# ====================================================================== command line
+# ====================================================================== which runs
 def drop_unfinished(runs: pd.DataFrame, late=LATE) -> pd.DataFrame:
     """The runs that reached the end of the late window; say which were left out and why.
 
@@ -157,6 +156,18 @@ def drop_unfinished(runs: pd.DataFrame, late=LATE) -> pd.DataFrame:
     return runs[~runs["run"].isin(short.index)]
 
 
+def refuse_mixed_settings(runs: pd.DataFrame) -> None:
+    """Raise AnalysisError when the runs differ in learning rate, model or prompts per rollout:
+    then runs of one group size are not seeds of one setting (`labkit compare --mixed` allows it)."""
+    per_run = runs.groupby("run", sort=False).first()
+    differ = [c for c in ("lr", "model", "prompts") if per_run[c].dropna().nunique() > 1]
+    if differ:
+        raise AnalysisError(
+            f"the runs differ in {', '.join(differ)}, so runs of one group size are not "
+            f"seeds of one setting; name runs that share them, or pass --mixed. "
+            + "; ".join(_runs_by_value(per_run, c) for c in differ))
+
+
 def _runs_by_value(per_run, column: str) -> str:
     """'lr 1e-06: a, b, c; lr 1e-05: d': which runs share each value of `column`."""
     parts = []
@@ -164,40 +175,3 @@ def _runs_by_value(per_run, column: str) -> str:
         shown = f"{value:g}" if isinstance(value, float) else str(value)
         parts.append(f"{column} {shown}: {', '.join(map(str, group.index))}")
     return "; ".join(parts)
-
-
-def compare_main(paths: list[str], out_dir: str | None = None, reference: int = REFERENCE,
-                 *, early=EARLY, late=LATE, mixed: bool = False) -> int:
-    """`labkit compare RUN...`: print the table, the verdict and the common clean steps, and
-    write the plots (PNG and SVG) to `out_dir` (default: ./compare). Runs that did not reach
-    the late window are left out with a line saying so. Returns the exit code: 0, or 2 when the runs cannot be compared."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            runs = drop_unfinished(load_runs(paths), late)
-            per_run = runs.groupby("run", sort=False).first()
-            differ = [c for c in ("lr", "model", "prompts") if per_run[c].dropna().nunique() > 1]
-            if differ and not mixed:
-                raise AnalysisError(
-                    f"the runs differ in {', '.join(differ)}, so runs of one group size are not "
-                    f"seeds of one setting; name runs that share them, or pass --mixed. "
-                    + "; ".join(_runs_by_value(per_run, c) for c in differ))
-            table = compare(runs, reference=reference, early=early, late=late)
-        except AnalysisError as e:
-            print(f"labkit compare: {e}", file=sys.stderr)
-            return 2
-    for w in caught:
-        print(f"warning: {w.message}", file=sys.stderr)
-    common = table.attrs["common_clean_steps"]
-    print(render_table(table))
-    print()
-    print(table.attrs["verdict"])
-    print(f"\nCommon clean steps ({len(common)}): {_steps_text(common) or 'none'}")
-    for note in table.attrs["notes"]:
-        print(f"- {note}")
-    from labkit import plots  # matplotlib only when plotting
-
-    out = Path(out_dir) if out_dir else Path("compare")
-    written = plots.plot_all(runs, out, early=early, late=late)
-    print(f"\nwrote {len(written)} files to {out}: {', '.join(p.name for p in written)}")
-    return 0

@@ -17,14 +17,14 @@ import numpy as np
 import pandas as pd
 
 from labkit.metrics import STEP
-from labkit.runframe import REWARD, AnalysisError, Runs, _steps_text, as_runs
+from labkit.analysis.runframe import REWARD, AnalysisError, Runs, steps_text, as_runs
 
 EARLY = (0, 7)  # the course's windows: steps 0-7 and 16-23 of a 24-step run
 LATE = (16, 23)
 REFERENCE = 8  # the group size whose seeds give the range
 
 
-def _check_window(window: tuple[int, int], name: str) -> tuple[int, int]:
+def check_window(window: tuple[int, int], name: str) -> tuple[int, int]:
     a, b = (int(x) for x in window)
     if not 0 <= a <= b:
         raise AnalysisError(f"{name}={window}: a window is (first step, last step) with 0 <= first <= last")
@@ -52,7 +52,7 @@ def window_rewards(run: pd.DataFrame, window: tuple[int, int]) -> np.ndarray:
     rewards = pd.to_numeric(inside[REWARD], errors="coerce")
     missing = sorted(set(range(a, b + 1)) - set(inside.loc[rewards.notna(), STEP]))
     if missing:
-        raise AnalysisError(f"run {name} has no reward for step(s) {_steps_text(missing)} of the "
+        raise AnalysisError(f"run {name} has no reward for step(s) {steps_text(missing)} of the "
                             f"window {a}-{b}; the gain needs every step of both windows")
     return rewards.to_numpy(float)
 
@@ -73,7 +73,7 @@ def _resampled_means(x: np.ndarray, rng: np.random.Generator, n_boot: int) -> np
 
 
 def _windows(runs: pd.DataFrame, early, late) -> list[tuple[pd.Series, np.ndarray, np.ndarray]]:
-    early, late = _check_window(early, "early"), _check_window(late, "late")
+    early, late = check_window(early, "early"), check_window(late, "late")
     return [(run.iloc[0], window_rewards(run, early), window_rewards(run, late))
             for _, run in runs.groupby("run", sort=False)]
 

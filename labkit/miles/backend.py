@@ -1,7 +1,7 @@
 """`labkit launch --backend miles`: the recipe as a run folder for a miles cluster, and the
 reward hook miles calls back.
 
-The run folder holds run_miles.sh (train.py's flags from labkit.miles_command, in a bash
+The run folder holds run_miles.sh (train.py's flags from labkit.miles.command, in a bash
 script that checks its inputs, starts Ray and tees miles' output to miles.log), the prompt
 file(s) and labkit_miles.json (config, command, miles commit). Two choices make miles run
 the experiment labkit runs:
@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional
 
 from labkit.config import RECIPE_MODEL, RunConfig
-from labkit.miles_command import (INPUT_KEY, LABEL_KEY, MilesUnsupported, build_command,
+from labkit.miles.command import (INPUT_KEY, LABEL_KEY, MilesUnsupported, build_command,
                                   default_differences, format_differences)
-from labkit.miles_log import LOG, TRAIN_ARGS
+from labkit.miles.log import LOG, TRAIN_ARGS
 
 if TYPE_CHECKING:
     from labkit.data import Problem
@@ -225,7 +225,7 @@ def default_run_dir(cfg: RunConfig) -> Path:
     return Path(cfg.output_dir) / name
 
 
-def main(cfg: RunConfig, *, explicit: Iterable[str], dry_run: bool, out_dir: Optional[str] = None,
+def launch(cfg: RunConfig, *, explicit: Iterable[str], dry_run: bool, out_dir: Optional[str] = None,
          gpus: int = 1) -> int:
     """`labkit launch --backend miles`: print the script and the default differences; without
     dry_run also write run_miles.sh and the prompt file(s) to out_dir (default:

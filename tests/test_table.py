@@ -1,4 +1,4 @@
-"""labkit.compare: the group-size table, its checks and the `labkit compare` command."""
+"""labkit.analysis.table: the group-size table, its checks and the `labkit compare` command."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from fixtures_runs import CLEAN_N4, small_run
-from labkit.compare import check_comparable, compare, compare_main, render_table
-from labkit.runframe import AnalysisError, load_runs
+from labkit.analysis.table import check_comparable, compare, render_table
+from labkit.cli import main as labkit_main
+from labkit.analysis.runframe import AnalysisError, load_runs
 
 
 def test_compare_table(runs):
@@ -42,23 +43,23 @@ def test_compare_renders_markdown_and_text(runs):
         render_table(table, "html")
 
 
-def test_compare_main(course_dir, tmp_path, capsys, monkeypatch):
-    from labkit import plots
+def test_compare_command(course_dir, tmp_path, capsys, monkeypatch):
+    from labkit import analysis
 
     calls = []  # drawing is tested in test_plots; here: what is printed and where plots go
-    monkeypatch.setattr(plots, "plot_all", lambda runs, out, **kw: calls.append((runs, out)) or [])
-    assert compare_main([str(course_dir)], None) == 0
+    monkeypatch.setattr(analysis, "plot_all", lambda runs, out, **kw: calls.append((runs, out)) or [])
+    assert labkit_main(["compare", str(course_dir)]) == 0
     printed = capsys.readouterr().out
     assert "group size |" in printed and "Inside one range" in printed
     assert "Common clean steps (14): 0, 1, 3, 4, 7" in printed
     assert "Its median of 188.2 s includes the pauses" in printed
     assert calls[0][1] == Path("compare") and calls[0][0].run.nunique() == 5  # ./compare
-    compare_main([str(course_dir)], str(tmp_path / "plots"))
+    labkit_main(["compare", str(course_dir), "--out", str(tmp_path / "plots")])
     assert calls[1][1] == tmp_path / "plots"
 
 
-def test_compare_main_reports_errors(tmp_path, capsys):
-    assert compare_main([str(tmp_path)], None) == 2
+def test_compare_command_reports_errors(tmp_path, capsys):
+    assert labkit_main(["compare", str(tmp_path)]) == 2
     assert "holds no run folder" in capsys.readouterr().err
 
 
@@ -95,8 +96,8 @@ def test_same_config_does_not_warn(runs):
 def test_compare_refuses_runs_of_other_learning_rates_and_lists_them(tmp_path, capsys):
     for name, lr, seed in [("a1", 1e-6, 1), ("a2", 1e-6, 2), ("b1", 1e-5, 1)]:
         small_run(tmp_path, name, seed=seed, lr=lr)
-    assert compare_main([tmp_path], tmp_path / "out") == 2
+    assert labkit_main(["compare", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "differ in lr" in err and "lr 1e-06: a1, a2; lr 1e-05: b1" in err
     assert not (tmp_path / "out").exists()  # nothing written for a refused comparison
-    assert compare_main([tmp_path], tmp_path / "out", mixed=True) == 0
+    assert labkit_main(["compare", str(tmp_path), "--out", str(tmp_path / "out"), "--mixed"]) == 0

@@ -6,7 +6,7 @@ A lesson's exercise is a code cell whose answer sits between two marker lines::
     global_batch_16 = recipe.rollout_batch_size * 16
     ### END SOLUTION
 
-followed by a check cell, `labkit.exercises.check("1.1.2", global_batch_16, prompts=32)`.
+followed by a check cell, `labkit.course.exercises.check("1.1.2", global_batch_16, prompts=32)`.
 `check` never stores an answer: it computes the expected one from what the cell hands it
 with labkit's own functions (RunConfig's batch check, compute_advantages, replay,
 run_gains, ...), so an answer is judged on the student's data, and it explains the usual
@@ -14,7 +14,7 @@ wrong answers in a hint. A right answer prints "Exercise 1.1.1: correct."; a wro
 missing one raises ExerciseError, which fails the cell, so nbval grades a notebook.
 
 The students' copies of the lessons, with the solutions taken out, are written by
-`labkit.students`.
+`labkit.course.students`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 # a check call: its exercise id and, when it is a plain name, the answer variable
-_CHECK_RE = re.compile(
+CHECK_RE = re.compile(
     r"""exercises\.check\(\s*["'](?P<id>[^"']+)["'](?:\s*,\s*(?P<answer>[A-Za-z_]\w*))?""")
 
 
@@ -201,9 +201,9 @@ def _grade_waited(answer, *, policy) -> None:
 
 @exercise("1.2.2", "Set n_bursts to the number of bursts the watchdog finds in the incident "
           "when a gap longer than GAP seconds (not the default 5 s) ends a burst.",
-          "labkit.watchdog.replay(INCIDENT, burst_gap=GAP).bursts has one row per burst.")
+          "labkit.serving.watchdog.replay(INCIDENT, burst_gap=GAP).bursts has one row per burst.")
 def _grade_bursts(answer, *, log, gap: float) -> None:
-    from labkit.watchdog import replay
+    from labkit.serving.replay import replay
 
     n = _whole(answer, "the number of bursts")
     expected = len(replay(log, burst_gap=gap).bursts)
@@ -224,7 +224,8 @@ def _grade_bursts(answer, *, log, gap: float) -> None:
           "replay(INCIDENT, policy=Policy(on_burst='lower')).decisions has an `action` column; "
           "count the 'lower' rows.")
 def _grade_lowered(answer, *, log) -> None:
-    from labkit.watchdog import Policy, replay
+    from labkit.serving.replay import replay
+    from labkit.serving.watchdog import Policy
 
     n = _whole(answer, "the number of times")
     actions = replay(log, policy=Policy(on_burst="lower")).decisions["action"]
@@ -268,9 +269,9 @@ def _grade_extra_args(answer, *, prompts: int = 32) -> None:
 def _grade_gain(answer, *, runs, run: str) -> None:
     import numpy as np
 
-    from labkit.gains import run_gains
+    from labkit.analysis.gains import run_gains
     from labkit.metrics import STEP
-    from labkit.runframe import REWARD
+    from labkit.analysis.runframe import REWARD
 
     gain = _number(answer, "the gain")
     rows = runs[runs["run"] == run]

@@ -5,7 +5,7 @@ its 503 bursts came from that router. `labkit serve` rebuilds the setup on one m
 K OpenAI-compatible engine servers (vLLM's, or labkit.engines.fake_server for tests), and
 vllm-router (a Rust load balancer from PyPI) in front of them, all on 127.0.0.1.
 
-Every process starts in its own process group (labkit.processes), so stopping one stops
+Every process starts in its own process group (labkit.serving.processes), so stopping one stops
 the workers it spawned (vLLM's engine core) too; `stop` sends SIGTERM to each group,
 waits, then SIGKILL, and checks by process group that nothing is left. Ports are checked
 before anything starts, and each engine must answer /health before the router starts.
@@ -25,7 +25,6 @@ trainer finds the engines through the router's `/list_workers`; `serve.json` lis
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import importlib.util
 import json
@@ -35,12 +34,13 @@ import signal
 import sys
 import time
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
+from labkit.config import flag_field
 from labkit.engines.served_sync import WORKER_EXTENSION
-from labkit.processes import (Proc, ServeError, check_ports_free, group_members, spawn, stop_groups,
+from labkit.serving.processes import (Proc, ServeError, check_ports_free, group_members, spawn, stop_groups,
                               wait_healthy)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,28 +61,43 @@ SHED_LOAD_ROUTER_ARGS = (
 
 @dataclass
 class ServeConfig:
-    """What to start: K engines on port+1..port+K, the router on port, its metrics on port+K+1."""
+    """What to start: K engines on port+1..port+K, the router on port, its metrics on port+K+1.
 
-    engines: int = 2
-    backend: str = "vllm"  # vllm | fake
-    model: str = "smollm2"  # anything labkit.models.resolve_model reads
-    served_model_name: str = "smollm2"
-    host: str = "127.0.0.1"
-    port: int = 8000
-    router: str = "vllm-router"  # vllm-router | none
-    router_args: tuple[str, ...] = ()
-    engine_args: tuple[str, ...] = ()
-    max_num_seqs: int = 16
-    max_model_len: int = 1024
-    dtype: str = "auto"  # vLLM --dtype: auto, float32, bfloat16 (float32 to compare log-probs)
-    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE per engine
-    fake_delay_s: float = 0.05  # fake engine: seconds per request
-    fake_slots: int = 8  # fake engine: requests generated at once (the rest wait)
-    fake_vocab_size: int = 1000  # fake engine: token ids are drawn from 1..vocab-1
-    log_dir: str = "out/serve"
-    startup_timeout_s: float = 900.0
-    vllm_python: Optional[str] = None
-    env: dict = field(default_factory=dict)
+    Each field is a `labkit serve` flag (`max_num_seqs` is `--max-num-seqs`), help written once.
+    """
+
+    engines: int = flag_field(2, "engine servers behind the router")
+    backend: str = flag_field("vllm", "vllm (OpenAI-compatible vLLM server) or fake (made-up "
+                              "tokens, for tests)", choices=["vllm", "fake"])
+    model: str = flag_field("smollm2", "hub id, folder, .gguf, or smollm2 (embedded)")
+    served_model_name: str = flag_field("smollm2", "the model name the engines answer to")
+    host: str = flag_field("127.0.0.1", "loopback only: the engines' dev endpoints take weights",
+                           flag=False)
+    port: int = flag_field(8000, "router port; engines use port+1..port+K, router metrics port+K+1")
+    router: str = flag_field("vllm-router", "the router in front of the engines, or none (one "
+                             "engine, used directly)", choices=["vllm-router", "none"])
+    shed_load: bool = flag_field(
+        False, "answers slower than 60 s fail and open the engine's circuit for 15 s, so an "
+        "overloaded router answers 503 (SHED_LOAD_ROUTER_ARGS)")
+    router_args: tuple[str, ...] = flag_field((), "extra router flags, one shell-quoted string")
+    max_num_seqs: int = flag_field(16, "vLLM: sequences per batch")
+    max_model_len: int = flag_field(1024, "vLLM: context length")
+    dtype: str = flag_field("auto", "vLLM: weights dtype (auto, float32, bfloat16); float32 on "
+                            "CPU to compare log-probs with the trainer")
+    kv_cache_gib: int = flag_field(1, "vLLM CPU: KV cache GiB per engine (VLLM_CPU_KVCACHE_SPACE)")
+    fake_delay_s: float = flag_field(0.05, "fake engine: seconds per request")
+    fake_slots: int = flag_field(8, "fake engine: requests generated at once (the rest wait)")
+    fake_vocab_size: int = flag_field(1000, "fake engine: token ids are drawn below this")
+    log_dir: str = flag_field("out/serve", "engine and router logs, and serve.json")
+    startup_timeout_s: float = flag_field(900.0, "seconds an engine may take to answer /health")
+    vllm_python: Optional[str] = flag_field(None, "a Python that imports vllm (default: found)")
+    env: dict = flag_field(dict, "extra environment for the engines", flag=False)
+    # Last on the command line, and takes the rest of it: a value starting with "-" is not
+    # read as a flag of labkit serve.
+    engine_args: tuple[str, ...] = flag_field(
+        (), "extra engine flags: the rest of the line (--engine-args --enforce-eager "
+        "--max-num-seqs 64), or one quoted string (--engine-args=\"--enforce-eager "
+        "--max-num-seqs 64\", which may come before other flags)", rest_of_line=True)
 
     def ports(self) -> list[int]:
         """Every port this config binds: router, engines, router metrics."""
@@ -191,7 +206,7 @@ def vllm_python(cfg: ServeConfig) -> str:
 def engine_command(cfg: ServeConfig, port: int) -> list[str]:
     """The command line of one engine server on `port`."""
     if cfg.backend == "fake":
-        return [sys.executable, "-m", "labkit.engines.fake_server", "--host", cfg.host, "--port", str(port),
+        return [sys.executable, "-m", "labkit", "fake-engine", "--host", cfg.host, "--port", str(port),
                 "--delay-s", str(cfg.fake_delay_s), "--slots", str(cfg.fake_slots),
                 "--vocab-size", str(cfg.fake_vocab_size),
                 "--served-model-name", cfg.served_model_name, *cfg.engine_args]
@@ -242,68 +257,13 @@ def router_command(cfg: ServeConfig, worker_urls: list[str]) -> list[str]:
     return [router_binary(cfg.router), "--host", cfg.host, "--port", str(cfg.port),
             "--worker-urls", *worker_urls, "--policy", "round_robin",
             "--prometheus-host", cfg.host, "--prometheus-port", str(cfg.port + cfg.engines + 1),
-            *cfg.router_args]
+            *(SHED_LOAD_ROUTER_ARGS if cfg.shed_load else ()), *cfg.router_args]
 
 
 # ---------------------------------------------------------------------- labkit serve
-def build_parser() -> argparse.ArgumentParser:
-    d = ServeConfig()
-    p = argparse.ArgumentParser(prog="labkit serve", description=__doc__.split("\n")[0])
-    p.add_argument("--engines", type=int, default=d.engines, help="engine servers behind the router")
-    p.add_argument("--backend", choices=["vllm", "fake"], default=d.backend,
-                   help="vllm (OpenAI-compatible vLLM server) or fake (made-up tokens, for tests)")
-    p.add_argument("--model", default=d.model, help="hub id, folder, .gguf, or smollm2 (embedded)")
-    p.add_argument("--served-model-name", default=d.served_model_name)
-    p.add_argument("--port", type=int, default=d.port,
-                   help="router port; engines use port+1..port+K, router metrics port+K+1")
-    p.add_argument("--router", choices=["vllm-router", "none"], default=d.router)
-    p.add_argument("--shed-load", action="store_true",
-                   help="answers slower than 60 s fail and open the engine's circuit for 15 s, "
-                        "so an overloaded router answers 503 (see SHED_LOAD_ROUTER_ARGS)")
-    p.add_argument("--router-args", default="", help="extra router flags, one shell-quoted string")
-    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="vLLM: sequences per batch")
-    p.add_argument("--max-model-len", type=int, default=d.max_model_len, help="vLLM: context length")
-    p.add_argument("--kv-cache-gib", type=int, default=d.kv_cache_gib, help="vLLM CPU: KV cache GiB per engine")
-    p.add_argument("--dtype", default=d.dtype,
-                   help="vLLM: weights dtype (auto, float32, bfloat16); float32 on CPU to compare "
-                        "log-probs with the trainer")
-    p.add_argument("--fake-delay-s", type=float, default=d.fake_delay_s)
-    p.add_argument("--fake-slots", type=int, default=d.fake_slots)
-    p.add_argument("--fake-vocab-size", type=int, default=d.fake_vocab_size,
-                   help="fake engine: token ids are drawn below this")
-    p.add_argument("--vllm-python", default=None, help="a Python that imports vllm (default: found)")
-    p.add_argument("--log-dir", default=d.log_dir, help="engine and router logs, and serve.json")
-    p.add_argument("--startup-timeout-s", type=float, default=d.startup_timeout_s)
-    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: Ctrl-C)")
-    # Last, and takes the rest of the line: a value starting with "-" is not read as a flag.
-    p.add_argument("--engine-args", nargs=argparse.REMAINDER, default=[],
-                   help="extra engine flags: the rest of the line (--engine-args --enforce-eager "
-                        "--max-num-seqs 64), or one quoted string (--engine-args=\"--enforce-eager "
-                        "--max-num-seqs 64\", which may come before other flags)")
-    return p
-
-
-def config_from_args(argv: Optional[Sequence[str]]) -> tuple[ServeConfig, Optional[float]]:
-    import shlex
-
-    a = build_parser().parse_args(argv)
-    router_args = tuple(shlex.split(a.router_args))
-    if a.shed_load:
-        router_args = SHED_LOAD_ROUTER_ARGS + router_args
-    cfg = ServeConfig(engines=a.engines, backend=a.backend, model=a.model,
-                      served_model_name=a.served_model_name, port=a.port, router=a.router,
-                      router_args=router_args,
-                      engine_args=tuple(w for arg in a.engine_args for w in shlex.split(arg)),
-                      max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
-                      kv_cache_gib=a.kv_cache_gib, dtype=a.dtype, fake_delay_s=a.fake_delay_s,
-                      fake_slots=a.fake_slots, fake_vocab_size=a.fake_vocab_size, log_dir=a.log_dir,
-                      startup_timeout_s=a.startup_timeout_s, vllm_python=a.vllm_python)
-    return cfg, a.duration
-
-
-def serve_main(argv: Optional[Sequence[str]] = None) -> int:
-    """`labkit serve`: start engines and router, print the URL, stop all on Ctrl-C or --duration."""
-    cfg, duration = config_from_args(argv)
+def serve(cfg: ServeConfig, duration: Optional[float] = None) -> int:
+    """`labkit serve`: start engines and router, print the URL, stop all on Ctrl-C or after
+    `duration` seconds. Returns the exit code: 0, 1 when a process died, 2 when start-up failed."""
 
     def on_term(signum, frame):
         raise KeyboardInterrupt
@@ -320,7 +280,7 @@ def serve_main(argv: Optional[Sequence[str]] = None) -> int:
               f"labkit serve: train with `labkit launch --rollout-mode http --router-url "
               f"{cluster.url}`", flush=True)
         end = time.monotonic() + duration if duration else float("inf")
-        for _ in range(10 ** 9):  # bounded by --duration or Ctrl-C
+        while True:  # until --duration or Ctrl-C
             if time.monotonic() >= end:
                 break
             dead = cluster.dead()
@@ -345,11 +305,3 @@ def serve_main(argv: Optional[Sequence[str]] = None) -> int:
             print("labkit serve: all engine and router processes stopped", flush=True)
     return code
 
-
-if __name__ == "__main__":
-    args = sys.argv[1:]
-    if args[:1] == ["engine"]:  # the fake engine's old command line
-        from labkit.engines.fake_server import engine_main
-
-        sys.exit(engine_main(args[1:]))
-    sys.exit(serve_main(args))

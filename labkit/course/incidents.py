@@ -42,7 +42,7 @@ def make_scenario(bursts: Sequence[BurstSpec], *, steps: int = 1, step_s: float 
     rng = random.Random(seed)
     meta = {"t": T0, "event": "meta", "constructed": True, "seed": seed,
             "recipe": [b.__dict__ for b in bursts], "steps": steps, "step_s": step_s,
-            "machine": "none (constructed by labkit.incidents)"}
+            "machine": "none (constructed by labkit.course.incidents)"}
     events, attempts, last_fail = [], {}, {}
     for k, b in enumerate(bursts):
         n = int(lines[k]) if lines is not None else int(round(b.rate * b.duration_s))
