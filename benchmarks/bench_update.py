@@ -66,9 +66,14 @@ def time_variant(model, optimizer, cfg, batch, *, separate_old: bool, autocast, 
         if k:
             seconds.append(time.perf_counter() - start)
         micro = stats["train/micro_batches"]
-    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    peak = reserved = None
+    if torch.cuda.is_available():  # allocated by tensors; reserved by torch's caching allocator
+        peak = torch.cuda.max_memory_allocated() / 2**30
+        reserved = torch.cuda.max_memory_reserved() / 2**30
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     return {"median_s": statistics.median(seconds), "runs_s": [round(s, 3) for s in seconds],
-            "micro_batches": micro, "peak_gpu_gib": peak}
+            "micro_batches": micro, "peak_gpu_gib": peak, "peak_reserved_gib": reserved}
 
 
 def main() -> int:
@@ -78,6 +83,8 @@ def main() -> int:
     p.add_argument("--max-len", type=int, default=1024)
     p.add_argument("--budgets", default="8192,16384", help="token budgets of the dynamic variants")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--dynamic-only", action="store_true",
+                   help="only the token-budget variants (the memory/time curve)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -91,13 +98,16 @@ def main() -> int:
     tokens = int(batch.response_mask.sum())
     base = RunConfig(rollout_batch_size=a.samples // 8, n_samples_per_prompt=8, global_batch_size=a.samples,
                      micro_batch_size=8)
-    variants = {"before": (base.replace(use_dynamic_batch_size=False), True),
-                "one_pass": (base.replace(use_dynamic_batch_size=False), False)}
+    variants = {} if a.dynamic_only else {
+        "before": (base.replace(use_dynamic_batch_size=False), True),
+        "one_pass": (base.replace(use_dynamic_batch_size=False), False)}
     for t in a.budgets.split(","):
         variants[f"dynamic_{t}"] = (base.replace(max_tokens_per_gpu=int(t)), False)
     result = {"machine": {"python": platform.python_version(), "torch": torch.__version__,
                           "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"},
-              "samples": a.samples, "answer_tokens": tokens, "variants": {}}
+              "samples": a.samples, "answer_tokens": tokens, "variants": {},
+              "card_gib": (torch.cuda.get_device_properties(0).total_memory / 2**30
+                           if device.type == "cuda" else None)}
     for name, (cfg, separate) in variants.items():
         r = time_variant(model, optimizer, cfg, batch, separate_old=separate, autocast=autocast,
                          repeats=a.repeats)

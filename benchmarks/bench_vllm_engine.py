@@ -1,19 +1,18 @@
 """Rollout speed of labkit's VLLMEngine against raw `vllm.LLM.generate`, plus the weight sync.
 
-Why: VLLMEngine wraps vLLM with a seed per prompt, processed (temperature-scaled) log-probs
-of the chosen tokens and the conversion to labkit Completions. This measures what that
-costs on one rollout of the recipe's shape (32 prompts x 8 answers), on one engine so that
-weights, KV cache and batch are the same for every variant:
+Why: VLLMEngine wraps vLLM with processed (temperature-scaled) log-probs of the chosen
+tokens, seeds and the conversion to labkit Completions. This measures what each costs on
+one rollout of the recipe's shape (32 prompts x 8 answers), on one engine so that weights,
+KV cache and batch are the same for every variant:
 
-* `labkit`: VLLMEngine.generate, as the trainer calls it;
-* `raw_same`: llm.generate with the SamplingParams `labkit` sends (a seed per answer,
-  logprobs=0, detokenize=False), outputs left as vLLM returns them: the difference to
-  `labkit` is the wrapper's own cost (conversion, decoding the texts);
-* `raw_detok`: the same with vLLM's detokenizer on (what labkit sent before): it also turns
-  each sampled token's log-prob entry into a string;
-* `raw_no_logprobs`: the same seeds, no log-probs: what the log-probs cost;
+* `labkit`: VLLMEngine.generate as the trainer calls it by default: the rollout seeded once
+  (no seed per answer), the engine's log-probs on the answers of 4 prompts only;
+* `labkit_all_lp`: the same with log-probs on every answer (what --overlap-rollout needs);
+* `labkit_seeded`: a seed per answer and every log-prob (labkit's rollout before);
+* `raw_same_all`: llm.generate with the SamplingParams `labkit_all_lp` sends, outputs left
+  as vLLM returns them: the difference is the wrapper's own cost (conversion, decoding);
 * `raw_plain`: llm.generate with one SamplingParams, no seed and no log-probs: the fastest
-  vLLM rollout.
+  vLLM rollout, against which `labkit` is read.
 
 The variants take turns (one round = one rollout of each), so drift hits them alike.
 
@@ -65,7 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def make_prompts(tokenizer, n: int, seed: int) -> list[list[int]]:
     """labkit's chat prompts (as the trainer builds them) of n made-up arithmetic problems."""
     from labkit.data import synthetic_problems
-    from labkit.trainer import prompt_token_ids
+    from labkit.data import prompt_token_ids
 
     return [prompt_token_ids(tokenizer, p.question) for p in synthetic_problems(n, steps=2, seed=seed)]
 
@@ -109,19 +108,15 @@ def bench_generation(engine, prompts: list[list[int]], args) -> dict:
 
     from labkit.engines.base import Sampling
 
-    sampling = Sampling(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens,
-                        seed=args.seed)
+    base = dict(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+    default = Sampling(**base, logprobs_for=4)
+    all_lp = Sampling(**base)
+    seeded = Sampling(**base, seed_each_answer=True)
     requests = [{"prompt_token_ids": p} for p in prompts]
-    same = [engine.sampling_params(sampling, i) for i in range(len(prompts))]
-    detok = [p.clone() for p in same]
-    no_logprobs = [p.clone() for p in same]
-    for p in detok:
-        p.detokenize = True
-    for p in no_logprobs:
-        p.logprobs = None
+    same_all = [engine.sampling_params(all_lp, i) for i in range(len(prompts))]
     plain = SamplingParams(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens)
 
-    def labkit_run():
+    def labkit_run(sampling):
         return sum(len(c.token_ids) for g in engine.generate(prompts, sampling) for c in g)
 
     def raw(params):
@@ -129,10 +124,12 @@ def bench_generation(engine, prompts: list[list[int]], args) -> dict:
         return sum(len(c.token_ids) for o in outs for c in o.outputs)
 
     result = time_rollouts({
-        "labkit": labkit_run, "raw_same": lambda: raw(same), "raw_detok": lambda: raw(detok),
-        "raw_no_logprobs": lambda: raw(no_logprobs), "raw_plain": lambda: raw(plain),
+        "labkit": lambda: labkit_run(default), "labkit_all_lp": lambda: labkit_run(all_lp),
+        "labkit_seeded": lambda: labkit_run(seeded), "raw_same_all": lambda: raw(same_all),
+        "raw_plain": lambda: raw(plain),
     }, args.repeats)
-    for a, b in (("labkit", "raw_same"), ("raw_detok", "raw_same"), ("raw_same", "raw_no_logprobs")):
+    for a, b in (("labkit", "raw_plain"), ("labkit_all_lp", "raw_same_all"),
+                 ("labkit_seeded", "labkit_all_lp"), ("labkit_all_lp", "labkit")):
         ratios = [x / y for x, y in zip(result[a]["seconds"], result[b]["seconds"])]
         result[f"{a}_over_{b}"] = {"per_round": ratios, "median": statistics.median(ratios)}
         print(f"{a} / {b} per round: {', '.join(f'{r:.3f}' for r in ratios)} "
@@ -203,9 +200,11 @@ def main(argv=None) -> dict:
     engine = VLLMEngine(path, dtype=args.dtype, gpu_memory_fraction=args.gpu_memory_fraction,
                         seed=args.seed, max_model_len=longest)
     print(f"engine     start {engine.stats['start_seconds']:.1f} s on {engine.device}, "
-          f"{engine.dtype}", flush=True)
+          f"{engine.dtype}; " + ", ".join(f"{k} {v:.1f} s" for k, v in engine.stats.items()
+                                          if k.startswith("startup_")), flush=True)
     result = {"machine": describe_machine(), "command": " ".join([sys.executable, *sys.argv]),
-              "config": vars(args), "engine_start_seconds": engine.stats["start_seconds"]}
+              "config": vars(args), "engine_start_seconds": engine.stats["start_seconds"],
+              "engine_stats": dict(engine.stats)}
     result["generation"] = bench_generation(engine, prompts, args)
     if not args.no_sync:
         result["sync"] = bench_sync(engine, path, prompts, args)

@@ -33,7 +33,7 @@ def main() -> int:
     from labkit.grpo import compute_advantages
     from labkit.models import load_tokenizer, resolve_model, stop_token_ids
     from labkit.reward import load_reward, score
-    from labkit.trainer import prompt_token_ids
+    from labkit.data import prompt_token_ids
 
     path = resolve_model(a.model)
     tok = load_tokenizer(path)

@@ -3,6 +3,7 @@
     import labkit
     cfg = labkit.RunConfig.preset("cpu", n_samples_per_prompt=4, global_batch_size=16)
     run = labkit.launch(cfg)      # a Run: run.dir, run.metrics (DataFrame), run.status
+    labkit.close()                # release the model and engine kept for the next launch
 """
 
 __version__ = "0.1.0"
@@ -18,4 +19,12 @@ def launch(config: RunConfig, *, resume=None) -> Run:
     return train(config, resume=resume)
 
 
-__all__ = ["ConfigError", "Run", "RunConfig", "launch", "__version__"]
+def close() -> None:
+    """Release the policy and the vLLM engine that runs in this process keep for the next run
+    (labkit.engines.keep); the next launch loads and starts them afresh."""
+    from labkit.engines import keep
+
+    keep.close()
+
+
+__all__ = ["ConfigError", "Run", "RunConfig", "close", "launch", "__version__"]

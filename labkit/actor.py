@@ -37,6 +37,7 @@ class RolloutBatch:
     prompt_width: int  # P
     advantages: torch.Tensor  # [N]
     engine_logprobs: torch.Tensor | None  # [N, R] the engine's sampling log-probs, if given
+    engine_rows: torch.Tensor | None = None  # [N] 1 where a sample has the engine's log-probs
     old_logprobs: torch.Tensor | None = None  # [N, R] the trainer's, before the update
     ref_logprobs: torch.Tensor | None = None  # [N, R] the reference model's (KL loss only)
 
@@ -49,23 +50,27 @@ def pack_rollout(
     prompt_ids: list[list[int]], response_ids: list[list[int]], advantages: torch.Tensor,
     engine_logprobs: list[list[float] | None], pad_id: int,
 ) -> RolloutBatch:
-    """Pack one (prompt, answer) pair per sample into a RolloutBatch."""
+    """Pack one (prompt, answer) pair per sample into a RolloutBatch.
+
+    `engine_logprobs[i]` may be None for samples the engine gave no log-probs for (it is
+    asked for them on a few prompts only); `engine_rows` marks the others."""
     n = len(prompt_ids)
     p_width = max(len(p) for p in prompt_ids)
     r_width = max(1, max(len(r) for r in response_ids))
     ids = torch.full((n, p_width + r_width), pad_id, dtype=torch.long)
     attn = torch.zeros_like(ids)
     rmask = torch.zeros((n, r_width), dtype=torch.float32)
-    have_lp = all(lp is not None for lp in engine_logprobs)
-    elp = torch.zeros((n, r_width), dtype=torch.float32) if have_lp else None
+    rows = torch.tensor([lp is not None for lp in engine_logprobs], dtype=torch.float32)
+    elp = torch.zeros((n, r_width), dtype=torch.float32) if rows.any() else None
     for i, (p, r) in enumerate(zip(prompt_ids, response_ids)):
         ids[i, p_width - len(p) : p_width] = torch.tensor(p, dtype=torch.long)
         ids[i, p_width : p_width + len(r)] = torch.tensor(r, dtype=torch.long)
         attn[i, p_width - len(p) : p_width + len(r)] = 1
         rmask[i, : len(r)] = 1.0
-        if elp is not None:
+        if engine_logprobs[i] is not None:
             elp[i, : len(r)] = torch.tensor(engine_logprobs[i], dtype=torch.float32)
-    return RolloutBatch(ids, attn, rmask, p_width, advantages.float().reshape(-1), elp)
+    return RolloutBatch(ids, attn, rmask, p_width, advantages.float().reshape(-1), elp,
+                        rows if elp is not None else None)
 
 
 def micro_batches(batch: RolloutBatch, idx: torch.Tensor, *, max_samples: int,

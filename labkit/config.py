@@ -72,6 +72,17 @@ class RunConfig:
     rollout_max_response_len: int = _f(1024, "most tokens one answer may have", "rollout")
     rollout_temperature: float = _f(1.0, "sampling temperature", "rollout")
     rollout_top_p: float = _f(1.0, "nucleus sampling threshold", "rollout")
+    rollout_seed_each_answer: bool = _f(
+        False, "give every answer a seed of its own, so each answer is reproducible whatever "
+        "else is in the batch (vLLM then samples request by request: 1.27x slower per rollout "
+        "on an H200). Off: the rollout is seeded once (--seed and the step)", "rollout"
+    )
+    rollout_logprob_prompts: int = _f(
+        4, "prompts per rollout whose answers carry the engine's own log-probs, for the "
+        "train/train_rollout_logprob_abs_diff check (asking vLLM for log-probs made a whole "
+        "rollout 1.6x slower on an H200; --overlap-rollout takes them for every answer)",
+        "rollout"
+    )
     rollout_gpu_memory_fraction: float = _f(
         0.5, "share of GPU memory vLLM may take (the trainer uses the rest)", "rollout"
     )
@@ -122,6 +133,11 @@ class RunConfig:
     gradient_checkpointing: bool = _f(
         False, "recompute activations in backward: saves memory, costs time", "training"
     )
+    overlap_rollout: bool = _f(
+        False, "write the next rollout while the update of this one runs (as miles' "
+        "train_async.py): each rollout is then one step off-policy, and the PPO ratio is taken "
+        "against the engine's own log-probs of the answers. Needs --engine vllm", "training"
+    )
     # ---------------------------------------------------------------- algorithm
     advantage_estimator: str = _f("grpo", "advantage estimator", "algorithm", choices=["grpo"])
     disable_grpo_std_normalization: bool = _f(
@@ -160,7 +176,10 @@ class RunConfig:
     synthetic_steps: int = _f(
         2, "reasoning steps per synthetic problem (the difficulty knob)", "data"
     )
-    eval_split_size: int = _f(64, "held-out problems for greedy evaluation", "data")
+    eval_split_size: int = _f(
+        1319, "held-out problems (the first N of the data's test split; GSM8K's has 1,319) "
+        "evaluated greedily before the first step and after the last (0: none)", "data"
+    )
     # ---------------------------------------------------------------- model
     model: str = _f(
         RECIPE_MODEL,
@@ -179,7 +198,10 @@ class RunConfig:
     # ---------------------------------------------------------------- logging
     output_dir: str = _f("runs", "folder that holds run folders", "logging")
     run_name: Optional[str] = _f(None, "run folder name (default: from the config and time)", "logging")
-    eval_interval: int = _f(0, "greedy evaluation every K steps (0: never)", "logging")
+    eval_interval: int = _f(
+        0, "also evaluate after every K steps (0: only before the first and after the last)",
+        "logging"
+    )
     n_logged_prompts: int = _f(2, "prompts per step whose completions go to samples.jsonl", "logging")
     save_interval: int = _f(
         0, "checkpoint every K steps (0: only when the run stops; -1: never, and no --resume)",
@@ -239,7 +261,7 @@ PRESETS: dict[str, dict] = {
     "cpu": dict(
         model=EMBEDDED_MODEL, data="synthetic", synthetic_steps=1, engine="hf",
         rollout_batch_size=4, n_samples_per_prompt=4, global_batch_size=16, micro_batch_size=8,
-        num_rollout=3, rollout_max_response_len=96, lr=1e-5, eval_split_size=8,
+        num_rollout=3, rollout_max_response_len=96, lr=1e-5, eval_split_size=0,
         # ~2,000 tokens per pass keeps the update near 5 GiB of memory on a laptop
         # (one pass of all 16 samples, ~3,200 tokens, peaked at 8.7 GiB)
         max_tokens_per_gpu=2048,
@@ -249,7 +271,7 @@ PRESETS: dict[str, dict] = {
     "lesson-cpu": dict(
         model=EMBEDDED_MODEL, data="synthetic", synthetic_steps=1, engine="hf",
         rollout_batch_size=2, n_samples_per_prompt=4, global_batch_size=8, micro_batch_size=8,
-        num_rollout=1, rollout_max_response_len=48, lr=1e-5, eval_split_size=8,
+        num_rollout=1, rollout_max_response_len=48, lr=1e-5, eval_split_size=0,
     ),
 }
 
@@ -289,6 +311,18 @@ def check_config(cfg: RunConfig) -> None:
             f"--micro-batch-size {cfg.micro_batch_size} is larger than --global-batch-size {g}; "
             f"use --micro-batch-size {g} or less"
         )
+    for name in ("eval_split_size", "eval_interval", "rollout_logprob_prompts"):
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{_flag(name)} must be a whole number >= 0, got {value!r}")
+    if cfg.overlap_rollout and (cfg.engine == "hf" or cfg.rollout_mode == "http"):
+        raise ConfigError(
+            "--overlap-rollout writes the next rollout on vLLM while the policy trains; it needs "
+            "--engine vllm (or auto on a GPU) and --rollout-mode colocate")
+    if cfg.overlap_rollout and cfg.samples_per_rollout != cfg.global_batch_size:
+        raise ConfigError(
+            f"--overlap-rollout takes one optimizer step per rollout: use --global-batch-size "
+            f"{cfg.samples_per_rollout} ({cfg.rollout_batch_size} prompts x {cfg.n_samples_per_prompt})")
     if cfg.rollout_mode == "http" and not cfg.router_url:
         raise ConfigError(
             "--rollout-mode http needs --router-url: start the engines with `labkit serve` and "

@@ -32,6 +32,16 @@ METRICS: dict[str, tuple[str, str]] = {
     "perf/step_time": ("s", "the whole step, wall clock"),
     "perf/tokens_per_s": ("tokens/s", "rollout/tokens / perf/rollout_time"),
     "perf/max_gpu_memory_gb": ("GiB", "peak GPU memory allocated by this process in the step"),
+    "perf/overlap_time": ("s", "--overlap-rollout: the update and the next rollout, side by side"),
+    # perf/startup_*: where the start-up went, in the first step a process runs
+    "perf/startup_data_time": ("s", "loading the problems"),
+    "perf/startup_model_time": ("s", "finding, dequantizing (GGUF, once per machine) and loading the policy"),
+    "perf/startup_engine_time": ("s", "starting the rollout engine (vLLM: load, compile, CUDA graphs, KV cache)"),
+    "perf/startup_load_time": ("s", "vLLM's own model load (part of perf/startup_engine_time)"),
+    "perf/startup_compile_time": ("s", "vLLM's torch.compile (part of perf/startup_engine_time)"),
+    "perf/startup_cuda_graph_time": ("s", "vLLM's CUDA graph capture (part of perf/startup_engine_time)"),
+    "perf/startup_engine_init_time": ("s", "vLLM's profile, KV cache and warm-up (part of perf/startup_engine_time)"),
+    "perf/startup_reused": ("", "what was taken back from an earlier run in this process: 0, 1 (policy), 2 (policy and engine)"),
     # train: the optimizer steps of the rollout (means over them)
     "train/loss": ("", "policy loss"),
     "train/pg_clipfrac": ("", "fraction of tokens whose ratio was clipped"),
@@ -43,8 +53,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "train/steps": ("", "optimizer steps taken on this rollout"),
     "train/micro_batches": ("", "forward/backward passes in the update (all optimizer steps)"),
     "train/train_rollout_logprob_abs_diff": ("", "mean |trainer - engine| log-prob of the sampled tokens"),
-    # eval: greedy accuracy on the held-out split
-    "eval/accuracy": ("", "greedy accuracy on the eval split (steps with --eval-interval only)"),
+    # eval: a miles log's evaluation (labkit's own runs write eval.jsonl: EVAL_METRICS)
+    "eval/accuracy": ("", "greedy accuracy on the held-out problems, as a miles log reports it"),
     # heat: the heat guard (labkit only)
     "heat/clean": ("", "true when no heat pause overlapped the rollout"),
     "heat/pause_time": ("s", "seconds of heat pause inside the step"),
@@ -63,6 +73,20 @@ METRICS: dict[str, tuple[str, str]] = {
     "time/end": ("s", "unix time the step ended"),
 }
 
+# One line of eval.jsonl per evaluation (labkit.evaluation); <source>_<split> is the data's,
+# e.g. eval/gsm8k_test.
+EVAL_METRICS: dict[str, tuple[str, str]] = {
+    "eval/trained_steps": ("", "optimizer steps taken before the evaluation (0: the starting model)"),
+    "eval/<source>_<split>": ("", "greedy accuracy: share of the held-out problems the math reward scores 1"),
+    "eval/<source>_<split>_stderr": ("", "binomial standard error of that accuracy, sqrt(p (1 - p) / n)"),
+    "eval/<source>_<split>_n": ("", "held-out problems evaluated"),
+    "eval/response_len/mean": ("tokens", "mean length of the greedy answers"),
+    "eval/truncated_ratio": ("", "fraction of greedy answers cut at --rollout-max-response-len"),
+    "eval/reused": ("", "true when the starting model's result came from an earlier run in this process"),
+    "perf/eval_time": ("s", "the evaluation, wall clock (never part of perf/step_time)"),
+    "time/end": ("s", "unix time the evaluation ended"),
+}
+
 # A few loose names people bring from other tools, mapped to ours.
 ALIASES: dict[str, str] = {
     "reward": "rollout/raw_reward",
@@ -75,6 +99,15 @@ ALIASES: dict[str, str] = {
 
 def describe(name: str) -> str:
     """Return a one-line description of a metric name, with its unit."""
-    unit, meaning = METRICS[ALIASES.get(name, name)]
+    name = ALIASES.get(name, name)
+    if name in METRICS:
+        unit, meaning = METRICS[name]
+    elif name in EVAL_METRICS:
+        unit, meaning = EVAL_METRICS[name]
+    elif name.startswith("eval/"):  # an accuracy named after its data: eval/gsm8k_test, ...
+        suffix = next((s for s in ("_stderr", "_n") if name.endswith(s)), "")
+        unit, meaning = EVAL_METRICS["eval/<source>_<split>" + suffix]
+    else:
+        raise KeyError(f"no metric named {name!r}; the names are labkit.metrics.METRICS")
     return f"{meaning} ({unit})" if unit else meaning
 

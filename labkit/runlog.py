@@ -10,6 +10,7 @@ Layout of a run folder::
     metrics.jsonl    one line per finished step, keys from labkit.metrics (step key rollout/step)
     samples.jsonl    a few completions per step: prompt id (split/index), label, completion, reward
     heat.jsonl       one line per heat pause: start, end, seconds, peak_c, step
+    eval.jsonl       one line per held-out evaluation (before the first step, after the last)
     status.json      why the run stopped: completed, time_limit, signal, error (with the last step)
     checkpoint/      policy, optimizer and RNG state after the last finished step
 
@@ -36,6 +37,7 @@ CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 SAMPLES = "samples.jsonl"
 HEAT = "heat.jsonl"
+EVAL = "eval.jsonl"
 STATUS = "status.json"
 CHECKPOINT = "checkpoint"
 
@@ -183,6 +185,9 @@ class RunLog:
 
     def append_heat(self, rows: Iterable[dict]) -> None:
         self._append(HEAT, list(rows))
+
+    def append_eval(self, row: dict) -> None:
+        self._append(EVAL, [row])
 
     def write_status(self, reason: str, last_step: int, message: str = "", **extra) -> None:
         write_json_atomic(

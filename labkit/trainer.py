@@ -6,12 +6,21 @@ prompts x answers / global-batch optimizer steps, hands the new weights to the e
 appends the step's metrics to the run log. Each phase runs inside a timer that becomes a
 `perf/<phase>_time` metric. The loop stops cleanly between steps on a time limit or a
 signal, and saves a checkpoint, so a run that dies loses at most the step in progress.
+
+Held-out accuracy (labkit.evaluation) is measured before the first step and after the
+last, outside the steps' clocks. With `--overlap-rollout` the engine writes rollout k+1
+while the policy trains on rollout k (miles' asynchronous training): rollout k+1 then
+comes from the weights before step k, one step behind, and its PPO ratio is taken
+against the engine's own log-probs of its answers. A second run in the same process with
+the same model and engine settings takes back the policy and the vLLM engine the first
+one left up (labkit.engines.keep) instead of loading them again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,8 +30,9 @@ from labkit import data as datamod
 from labkit.actor import compute_logprobs, make_optimizer, pack_rollout, train_on_rollout
 from labkit.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from labkit.config import RunConfig
-from labkit.engines import make_engine
+from labkit.engines import keep, make_engine, resolve_engine
 from labkit.engines.base import Completion, Engine, Sampling
+from labkit.evaluation import eval_name, evaluate
 from labkit.grpo import compute_advantages
 from labkit.heat import HeatGuard, is_clean, make_guard, pause_seconds_within
 from labkit.metrics import STEP
@@ -69,6 +79,9 @@ class Session:
     stopper: StopController | None = None
     phase: str = "setup"  # rollout, train, logged: where a failure leaves the policy
     owns_engine: bool = True  # made by the trainer, so closed by it (a notebook runs several)
+    startup: dict = field(default_factory=dict)  # perf/startup_* of this process's first step
+    prefetched: dict = field(default_factory=dict)  # --overlap-rollout: step -> its rollout
+    policy_key: tuple = ()  # what the kept policy is (its starting-point results are cached)
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -88,6 +101,8 @@ def train(cfg: RunConfig, *, resume: str | Path | None = None, engine: Engine | 
     bar = _progress(cfg, first_step)
     try:
         with stopper, s.guard:
+            if first_step == 0:
+                log_evaluation(s, trained_steps=0)
             for step in range(first_step, cfg.num_rollout):
                 why = stopper.should_stop()
                 if why:
@@ -97,6 +112,8 @@ def train(cfg: RunConfig, *, resume: str | Path | None = None, engine: Engine | 
                 metrics = run_step(s, step)
                 metrics["perf/step_time"] = time.time() - t0
                 metrics["time/start"], metrics["time/end"] = t0, time.time()
+                metrics.update(s.startup)  # the first step this process ran: where start-up went
+                s.startup = {}
                 log.append_step(metrics)
                 log.append_heat(p.to_dict() for p in s.guard.take_new_pauses())
                 s.phase, last = "logged", step
@@ -104,6 +121,8 @@ def train(cfg: RunConfig, *, resume: str | Path | None = None, engine: Engine | 
                 if cfg.save_interval > 0 and (step + 1) % cfg.save_interval == 0:
                     save_checkpoint(run_dir, step, s.policy, s.optimizer)
                 _advance(bar, metrics)
+                if step + 1 == cfg.num_rollout or (cfg.eval_interval and (step + 1) % cfg.eval_interval == 0):
+                    log_evaluation(s, trained_steps=step + 1)
     except BaseException as e:  # an engine that died, a second Ctrl-C, a bug
         reason = "interrupted" if isinstance(e, KeyboardInterrupt) else "error"
         message = f"{e.__class__.__name__}: {e}"
@@ -117,15 +136,20 @@ def run_step(s: Session, step: int) -> dict:
     """One GRPO step: rollout, reward, advantages, update, weight sync. Returns its metrics."""
     cfg, timers = s.cfg, {}
     s.phase = "rollout"
-    with _timer(timers, "rollout"):
-        rollout = generate_rollout(s, step)
-    s.engine.sleep()  # colocated: give the KV cache's memory to the optimizer step
+    with _timer(timers, "rollout"):  # with --overlap-rollout, written during the last update
+        rollout = s.prefetched.pop(step, None) or generate_rollout(s, step)
+    if not cfg.overlap_rollout:
+        s.engine.sleep()  # colocated: give the KV cache's memory to the optimizer step
     with _timer(timers, "reward"):
         rewards = score_rollout(s, rollout)
     adv = compute_advantages(rewards, normalize_std=not cfg.disable_grpo_std_normalization)
     s.phase = "train"  # from here until the log line, the policy is ahead of the log
-    with _timer(timers, "actor_train"):
-        train_stats, batch = update_policy(s, rollout, adv.values, step)
+    if cfg.overlap_rollout and step + 1 < cfg.num_rollout and not _stopping(s):
+        train_stats, batch, timers["actor_train"], timers["overlap"] = \
+            update_while_generating(s, rollout, adv.values, step)
+    else:
+        with _timer(timers, "actor_train"):
+            train_stats, batch = update_policy(s, rollout, adv.values, step)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # hand the optimizer's cached blocks back before vLLM wakes
     with _timer(timers, "update_weights"):  # new weights first, then the KV cache comes back
@@ -139,8 +163,6 @@ def run_step(s: Session, step: int) -> dict:
     if torch.cuda.is_available():
         metrics["perf/max_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
         torch.cuda.reset_peak_memory_stats()
-    if cfg.eval_interval and (step + 1) % cfg.eval_interval == 0:
-        metrics["eval/accuracy"] = evaluate(s)
     metrics.update(s.engine.step_metrics())  # client/ for rollouts over HTTP
     log_samples(s, step, rollout, rewards)
     return metrics
@@ -155,7 +177,10 @@ def generate_rollout(s: Session, step: int) -> Rollout:
     sampling = Sampling(
         n=cfg.n_samples_per_prompt, temperature=cfg.rollout_temperature, top_p=cfg.rollout_top_p,
         max_tokens=cfg.rollout_max_response_len, seed=cfg.seed * 100_003 + step,
-        stop_token_ids=s.stop_ids,
+        stop_token_ids=s.stop_ids, seed_each_answer=cfg.rollout_seed_each_answer,
+        # the overlap's PPO ratio needs the engine's log-probs of every answer; otherwise
+        # they only feed the trainer-vs-engine check, on a few prompts
+        logprobs_for=None if cfg.overlap_rollout else cfg.rollout_logprob_prompts,
     )
     s.guard.mark()
     # Cool down before the clock starts: a pause here delays the step but does not touch its
@@ -191,17 +216,56 @@ def update_policy(s: Session, rollout: Rollout, advantages: torch.Tensor, step: 
     kw = dict(micro_batch_size=cfg.micro_batch_size, temperature=cfg.rollout_temperature,
               max_tokens=cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else None,
               autocast=s.autocast)
-    if cfg.steps_per_rollout > 1:  # else the training pass gives them (see labkit.actor)
+    if cfg.overlap_rollout:  # one step off-policy: the engine's log-probs are the old policy
+        batch.old_logprobs = batch.engine_logprobs
+    elif cfg.steps_per_rollout > 1:  # else the training pass gives them (see labkit.actor)
         batch.old_logprobs = compute_logprobs(s.policy, batch, **kw)
     if s.ref is not None:
         batch.ref_logprobs = compute_logprobs(s.ref, batch, **kw)
     gen = torch.Generator().manual_seed(cfg.seed * 7_919 + step)
     stats = train_on_rollout(s.policy, s.optimizer, batch, cfg, generator=gen, autocast=s.autocast)
     stats["train/lr"] = cfg.lr
-    if batch.engine_logprobs is not None:
-        diff = (batch.old_logprobs - batch.engine_logprobs).abs() * batch.response_mask
-        stats["train/train_rollout_logprob_abs_diff"] = float(diff.sum() / batch.response_mask.sum())
+    if batch.engine_rows is not None and not cfg.overlap_rollout:  # same weights on both sides
+        mask = batch.response_mask * batch.engine_rows[:, None]
+        diff = (batch.old_logprobs - batch.engine_logprobs).abs() * mask
+        stats["train/train_rollout_logprob_abs_diff"] = float(diff.sum() / mask.sum().clamp(min=1))
     return stats, batch
+
+
+def update_while_generating(s: Session, rollout: Rollout, advantages: torch.Tensor, step: int):
+    """--overlap-rollout: train on this rollout in a worker thread while this thread has the
+    engine write the next one (from the weights before this update, still in the engine).
+    Returns (stats, batch, update seconds, seconds the two ran side by side)."""
+    def timed_update():
+        start = time.perf_counter()
+        with _train_stream():
+            out = update_policy(s, rollout, advantages, step)
+        return out, time.perf_counter() - start
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(1, thread_name_prefix="labkit-update") as pool:
+        update = pool.submit(timed_update)
+        try:
+            s.prefetched[step + 1] = generate_rollout(s, step + 1)
+        finally:
+            (stats, batch), update_s = update.result()  # never leave the update running
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()  # the update's stream, before its weights go to the engine
+    return stats, batch, update_s, time.perf_counter() - start
+
+
+@contextlib.contextmanager
+def _train_stream():
+    """A CUDA stream of its own for the update, so its kernels can run beside vLLM's."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    with torch.cuda.stream(torch.cuda.Stream()):
+        yield
+
+
+def _stopping(s: Session) -> bool:
+    return bool(s.stopper and s.stopper.stop_requested)
 
 
 def summarize_step(s: Session, step: int, rollout: Rollout, rewards: torch.Tensor,
@@ -230,15 +294,33 @@ def summarize_step(s: Session, step: int, rollout: Rollout, rewards: torch.Tenso
     }
 
 
-def evaluate(s: Session) -> float:
-    """Greedy accuracy on the held-out problems."""
+def log_evaluation(s: Session, trained_steps: int) -> dict | None:
+    """Evaluate the policy after `trained_steps` steps on the held-out problems (none: skip)
+    and append the row to eval.jsonl. The starting model's result is computed once per
+    process for the same model and problems (a rerun in a notebook need not wait for it)."""
+    if not s.eval_problems:
+        return None
     ids = [encode_prompt(s, p) for p in s.eval_problems]
-    greedy = Sampling(n=1, temperature=0.0, max_tokens=s.cfg.rollout_max_response_len,
-                      stop_token_ids=s.stop_ids)
-    with s.autocast():
-        outs = s.engine.generate(ids, greedy)
-    rewards = score([o[0].text for o in outs], [p.label for p in s.eval_problems], s.reward_fn)
-    return sum(rewards) / max(len(rewards), 1)
+
+    def run() -> dict:
+        return evaluate(s.engine, ids, s.eval_problems, max_tokens=s.cfg.rollout_max_response_len,
+                        stop_token_ids=s.stop_ids, autocast=s.autocast)
+
+    reused = False
+    if trained_steps == 0:
+        key = ("eval", s.policy_key, s.engine.name, tuple(p.id for p in s.eval_problems),
+               s.cfg.rollout_max_response_len, s.cfg.dtype)
+        row, reused = keep.starting_result(key, run)
+    else:
+        row = run()
+    row = {**row, "eval/trained_steps": trained_steps, "eval/reused": reused, "time/end": time.time()}
+    s.log.append_eval(row)
+    name = eval_name(s.eval_problems)
+    print(f"labkit: held-out accuracy after {trained_steps} steps: {row[name]:.3f} "
+          f"({name}, {row[name + '_n']} problems, "
+          + ("same start model as before in this process)" if reused
+             else f"{row['perf/eval_time']:.1f} s)"), flush=True)
+    return row
 
 
 def log_samples(s: Session, step: int, rollout: Rollout, rewards: torch.Tensor) -> None:
@@ -267,24 +349,25 @@ def encode_prompt(s: Session, problem) -> list[int]:
 # ----------------------------------------------------------------------------- setup
 def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
           guard: HeatGuard | None = None) -> Session:
-    """Load data, reward, model, optimizer, engine and heat guard for a run."""
+    """Load data, reward, model, optimizer, engine and heat guard for a run; time each
+    start-up phase (perf/startup_*)."""
     torch.manual_seed(cfg.seed)
-    # The problem set is the same for every seed (seed 0); cfg.seed only orders it.
-    problems = datamod.load_problems(cfg.data, "train", seed=0,
-                                     synthetic_steps=cfg.synthetic_steps)
-    eval_problems = []
-    if cfg.eval_interval:
-        eval_problems = datamod.split_eval(cfg.data, cfg.eval_split_size,
-                                           synthetic_steps=cfg.synthetic_steps)
+    timers: dict = {}
+    with _timer(timers, "startup_data"):
+        # The problem set is the same for every seed (seed 0); cfg.seed only orders it.
+        problems = datamod.load_problems(cfg.data, "train", seed=0,
+                                         synthetic_steps=cfg.synthetic_steps)
+        eval_problems = []
+        if cfg.eval_split_size:
+            eval_problems = datamod.split_eval(cfg.data, cfg.eval_split_size,
+                                               synthetic_steps=cfg.synthetic_steps)
     reward_fn = load_reward(cfg.rm_type, cfg.custom_rm_path)
     device = default_device()
-    path = resolve_model(cfg.model)
-    tokenizer = load_tokenizer(path)
-    # Master weights stay float32 (a 1e-6 step vanishes in bfloat16); bf16 is for compute.
-    policy = load_policy(path, torch.float32, device)
-    if cfg.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
-        policy.config.use_cache = False
+    with _timer(timers, "startup_model"):
+        path = resolve_model(cfg.model)
+        tokenizer = load_tokenizer(path)
+        policy_key = (path, str(device), cfg.gradient_checkpointing)
+        policy, policy_reused = keep.take_policy(policy_key, lambda: _load_policy(cfg, path, device))
     compute = pick_dtype(cfg.dtype, device)
     autocast = contextlib.nullcontext
     if compute != torch.float32:
@@ -292,13 +375,58 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
     ref = None
     if cfg.kl_loss_coef > 0:
         ref = load_policy(path, compute, device).eval().requires_grad_(False)
-    owns_engine = engine is None
-    engine = engine or make_engine(cfg, path, policy, tokenizer)
+    with _timer(timers, "startup_engine"):
+        owns_engine, engine_reused = engine is None, False
+        if engine is None:
+            engine, owns_engine, engine_reused = start_engine(cfg, path, policy, tokenizer)
     engine.log_to(log.dir)  # e.g. the HTTP client's failed attempts, in client.jsonl
     guard = guard or make_guard(cfg.heat_pause_c, cfg.heat_resume_c)
+    startup = {f"perf/{k}_time": v for k, v in timers.items()}
+    startup.update({f"perf/{k.replace('_seconds', '_time')}": v
+                    for k, v in getattr(engine, "stats", {}).items()
+                    if k.startswith("startup_") and not engine_reused})
+    startup["perf/startup_reused"] = int(policy_reused) + int(engine_reused)
+    _say_startup(startup, policy_reused, engine_reused)
     return Session(cfg, log, policy, tokenizer, engine, make_optimizer(policy, cfg), problems,
                    eval_problems, reward_fn, guard, autocast, ref, stop_token_ids(tokenizer, policy),
-                   owns_engine=owns_engine)
+                   owns_engine=owns_engine, startup=startup, policy_key=policy_key)
+
+
+def _load_policy(cfg: RunConfig, path: str, device) -> torch.nn.Module:
+    # Master weights stay float32 (a 1e-6 step vanishes in bfloat16); bf16 is for compute.
+    policy = load_policy(path, torch.float32, device)
+    if cfg.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+        policy.config.use_cache = False
+    return policy
+
+
+def start_engine(cfg: RunConfig, path: str, policy, tokenizer) -> tuple[Engine, bool, bool]:
+    """The run's engine: a colocated vLLM engine is kept between runs of this process and
+    taken back when the model and engine settings match (labkit.engines.keep); the others
+    are cheap to make. Returns (engine, the run owns it, it was taken back)."""
+    name = resolve_engine(cfg)
+    if cfg.rollout_mode == "colocate" and name == "vllm":
+        key = ("vllm", path, cfg.dtype, cfg.rollout_gpu_memory_fraction, cfg.rollout_kv_cache_gb,
+               cfg.rollout_sleep and not cfg.overlap_rollout, cfg.rollout_max_response_len)
+        engine, reused = keep.take_engine(key, lambda: make_engine(cfg, path, policy, tokenizer))
+        return engine, False, reused
+    return make_engine(cfg, path, policy, tokenizer), True, False
+
+
+def _say_startup(startup: dict, policy_reused: bool, engine_reused: bool) -> None:
+    """One line: where the start-up time went, or what was taken back from the last run."""
+    total = sum(v for k, v in startup.items() if k in
+                ("perf/startup_data_time", "perf/startup_model_time", "perf/startup_engine_time"))
+    parts = [f"data {startup['perf/startup_data_time']:.1f} s",
+             f"model {startup['perf/startup_model_time']:.1f} s" + (" (kept)" if policy_reused else ""),
+             f"engine {startup['perf/startup_engine_time']:.1f} s" + (" (kept)" if engine_reused else "")]
+    inner = [f"{label} {startup[key]:.1f} s" for label, key in
+             (("compile", "perf/startup_compile_time"), ("CUDA graphs", "perf/startup_cuda_graph_time"))
+             if key in startup]
+    if inner:
+        parts[-1] += f": {', '.join(inner)}"
+    print(f"labkit: ready in {total:.1f} s ({'; '.join(parts)})", flush=True)
 
 
 def restore(s: Session, first_step: int) -> int:
@@ -333,6 +461,9 @@ def _finish(s: Session, run_dir: Path, reason: str, last: int, message: str, bar
     s.log.write_status(reason, last, message)
     if s.owns_engine:
         s.engine.close()
+    elif reason in ("error", "interrupted") and keep.is_kept(s.engine):
+        keep.drop_engine()  # stopped mid-call, it may still hold requests: not for the next run
+    s.prefetched.clear()
     print(f"labkit: run stopped ({reason}{': ' + message if message else ''}) after step {last}; "
           f"log in {run_dir}", flush=True)
 

@@ -66,8 +66,18 @@ def tiny_cfg(tiny_model_dir, tmp_path):
         model=str(tiny_model_dir), data="synthetic", engine="hf",
         rollout_batch_size=2, n_samples_per_prompt=4, global_batch_size=8, micro_batch_size=4,
         num_rollout=2, rollout_max_response_len=12, lr=1e-3, output_dir=str(tmp_path / "runs"),
-        run_name="tiny", progress=False, seed=7,
+        run_name="tiny", progress=False, seed=7, eval_split_size=0,
     )
+
+
+@pytest.fixture(autouse=True)
+def nothing_kept_between_tests():
+    """A run keeps its policy (and a vLLM engine) for the next run in the process; tests
+    start from nothing kept."""
+    yield
+    from labkit.engines import keep
+
+    keep.close()
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,37 @@ def test_missing_vllm_says_how_to_install(monkeypatch):
         assert fix in message
 
 
+def test_unseeded_by_default_and_log_probs_only_where_asked():
+    """The SamplingParams the engine builds, without vLLM: a stand-in records them."""
+    from types import SimpleNamespace
+
+    from labkit.engines.vllm import VLLMEngine
+
+    engine = VLLMEngine.__new__(VLLMEngine)  # no vLLM behind it: only sampling_params is used
+    engine._vllm, engine._flat = SimpleNamespace(SamplingParams=lambda **kw: kw), True
+    s = Sampling(n=4, seed=10, logprobs_for=1)
+    first, second = engine.sampling_params(s, 0), engine.sampling_params(s, 1)
+    assert first["seed"] is None and second["seed"] is None  # one seed for the rollout, not per answer
+    assert first["logprobs"] == 0 and first["flat_logprobs"] is True
+    assert "logprobs" not in second  # the second prompt's answers carry none
+    each = engine.sampling_params(Sampling(n=4, seed=10, seed_each_answer=True), 2)
+    assert each["seed"] == 18 and each["logprobs"] == 0  # seed + index x n; all log-probs
+
+
+def test_flat_log_probs_are_read_without_per_token_objects():
+    from types import SimpleNamespace
+
+    from labkit.engines.vllm import _to_completion
+
+    flat = SimpleNamespace(token_ids=[5, 6], finish_reason="stop",
+                           logprobs=SimpleNamespace(start_indices=[0, 1], logprobs=[-0.5, -1.5]))
+    assert _to_completion(0, flat, "x").logprobs == [-0.5, -1.5]
+    nested = SimpleNamespace(token_ids=[5], finish_reason=None,
+                             logprobs=[{5: SimpleNamespace(logprob=-0.25)}])
+    c = _to_completion(1, nested, "y")
+    assert c.logprobs == [-0.25] and c.finish_reason == "length"
+
+
 # ---------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="session")
 def smollm2_folder() -> str:
@@ -112,7 +143,7 @@ def engine_score(engine, prompt: list[int], answer: list[int]) -> torch.Tensor:
 def test_generate_n_distinct_answers_within_limits(engine, tokenizer, prompt_ids):
     limit = 8
     prompts = [prompt_ids, prompt_ids, chat_ids(tokenizer, OTHER)]
-    sampling = Sampling(n=4, temperature=1.0, max_tokens=limit, seed=11)
+    sampling = Sampling(n=4, temperature=1.0, max_tokens=limit, seed=11, seed_each_answer=True)
     start = time.perf_counter()
     out = engine.generate(prompts, sampling)
     print(f"\nrollout 3 prompts x 4 answers x <={limit} tokens: {time.perf_counter() - start:.1f} s")
@@ -139,7 +170,7 @@ def test_generate_n_distinct_answers_within_limits(engine, tokenizer, prompt_ids
     first = out[0][0].token_ids
     stop = first[min(3, len(first) - 1)]
     cut = engine.generate(prompts, Sampling(n=4, temperature=1.0, max_tokens=limit, seed=11,
-                                            stop_token_ids=(stop,)))
+                                            stop_token_ids=(stop,), seed_each_answer=True))
     assert cut[0][0].token_ids == first[: first.index(stop) + 1]
     assert cut[0][0].finish_reason == "stop"
     for c in (c for g in cut for c in g):
@@ -168,6 +199,19 @@ def test_sleep_and_wake_are_noops_on_cpu_that_say_so(engine, prompt_ids, capsys)
     assert capsys.readouterr().out.count("sleep mode is off") == (0 if engine.sleep_mode else 1)
     out = engine.generate([prompt_ids], Sampling(n=2, max_tokens=4, seed=1))
     assert [len(g) for g in out] == [2]
+
+
+@pytest.mark.vllm
+@requires_vllm
+def test_an_unseeded_rollout_repeats_with_the_same_seed(engine, tokenizer, prompt_ids):
+    """No per-request seeds: the rollout's seed resets the generator vLLM samples from."""
+    prompts = [prompt_ids, chat_ids(tokenizer, OTHER)]
+    sampling = Sampling(n=3, temperature=1.0, max_tokens=8, seed=21, logprobs_for=1)
+    a, b = engine.generate(prompts, sampling), engine.generate(prompts, sampling)
+    other = engine.generate(prompts, Sampling(n=3, temperature=1.0, max_tokens=8, seed=22))
+    tokens = lambda out: [[c.token_ids for c in g] for g in out]  # noqa: E731
+    assert tokens(a) == tokens(b) and tokens(a) != tokens(other)
+    assert all(c.logprobs is not None for c in a[0]) and all(c.logprobs is None for c in a[1])
 
 
 # ---------------------------------------------------------------------- weight sync
@@ -229,12 +273,12 @@ def test_seeded_rollout_larger_than_one_engine_step(engine, tokenizer):
     ("CPU Generator does not use offset"); the CPU engine prefills whole prompts.
     """
     from labkit.data import synthetic_problems
-    from labkit.trainer import prompt_token_ids
+    from labkit.data import prompt_token_ids
 
     # labkit's prompts of 16 made-up problems, ~90 tokens each, x 8 answers
     prompts = [prompt_token_ids(tokenizer, p.question) for p in synthetic_problems(16, steps=2, seed=1)]
     assert sum(map(len, prompts)) * 8 > 8192  # vLLM's step budget on CPU is smaller
-    out = engine.generate(prompts, Sampling(n=8, max_tokens=2, seed=5))
+    out = engine.generate(prompts, Sampling(n=8, max_tokens=2, seed=5, seed_each_answer=True))
     assert [len(g) for g in out] == [8] * 16
     assert all(1 <= len(c.token_ids) <= 2 for g in out for c in g)
 

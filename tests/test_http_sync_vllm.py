@@ -79,7 +79,7 @@ def trainer_model(smollm2_folder):
 @pytest.fixture(scope="module")
 def prompt_ids(smollm2_folder) -> list[int]:
     from labkit.models import load_tokenizer
-    from labkit.trainer import prompt_token_ids
+    from labkit.data import prompt_token_ids
 
     return prompt_token_ids(load_tokenizer(smollm2_folder), PROMPT)
 

@@ -12,6 +12,16 @@ from labkit.engines.base import Completion, Engine, Sampling
 from labkit.models import default_device, pick_dtype
 
 
+def resolve_engine(cfg: RunConfig) -> str:
+    """The engine a colocated run uses: cfg.engine, with auto as vLLM on a GPU when it can be
+    imported, else transformers ("hf")."""
+    if cfg.engine != "auto":
+        return cfg.engine
+    import importlib.util
+
+    return "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
+
+
 def make_engine(cfg: RunConfig, path: str, policy, tokenizer) -> Engine:
     """The engine cfg.engine names (auto: vLLM on a GPU when importable, else transformers),
     or with --rollout-mode http the engines behind --router-url, given the policy's weights."""
@@ -25,11 +35,7 @@ def make_engine(cfg: RunConfig, path: str, policy, tokenizer) -> Engine:
             sync_dtype=pick_dtype(cfg.dtype, default_device()))
         engine.update_weights(policy)  # the engines may have started from other weights
         return engine
-    name = cfg.engine
-    if name == "auto":
-        import importlib.util
-
-        name = "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
+    name = resolve_engine(cfg)
     if name == "vllm":
         from labkit.engines.vllm import VLLMEngine
 
@@ -37,10 +43,12 @@ def make_engine(cfg: RunConfig, path: str, policy, tokenizer) -> Engine:
         return VLLMEngine(path, dtype=cfg.dtype, gpu_memory_fraction=cfg.rollout_gpu_memory_fraction,
                           seed=cfg.seed, max_model_len=cfg.rollout_max_response_len + 1024,
                           kv_cache_gb=cfg.rollout_kv_cache_gb,
-                          enable_sleep_mode=None if cfg.rollout_sleep else False)
+                          # overlapped, the engine writes while the update runs: no sleep then
+                          enable_sleep_mode=None if cfg.rollout_sleep and not cfg.overlap_rollout
+                          else False)
     from labkit.engines.hf import HFEngine
 
     return HFEngine(policy, tokenizer)
 
 
-__all__ = ["Completion", "Engine", "Sampling", "make_engine"]
+__all__ = ["Completion", "Engine", "Sampling", "make_engine", "resolve_engine"]

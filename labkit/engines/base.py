@@ -15,7 +15,13 @@ from typing import Callable, Optional
 
 @dataclass(frozen=True)
 class Sampling:
-    """How to sample: n answers per prompt, temperature, top-p, a token budget, a seed."""
+    """How to sample: n answers per prompt, temperature, top-p, a token budget, a seed.
+
+    `seed` seeds the whole rollout; `seed_each_answer` gives every answer a seed of its own
+    (reproducible answer by answer, whatever else is in the batch; vLLM pays ~1.3x for it).
+    `logprobs_for`: the engine returns its sampling log-probs for the answers of the first
+    `logprobs_for` prompts only (None: all; vLLM pays ~1.6x on the answers that carry them).
+    """
 
     n: int
     temperature: float = 1.0
@@ -23,6 +29,12 @@ class Sampling:
     max_tokens: int = 1024
     seed: Optional[int] = None
     stop_token_ids: tuple[int, ...] = ()
+    seed_each_answer: bool = False
+    logprobs_for: Optional[int] = None
+
+    def wants_logprobs(self, prompt_index: int) -> bool:
+        """Whether the answers of prompt `prompt_index` should carry the engine's log-probs."""
+        return self.logprobs_for is None or prompt_index < self.logprobs_for
 
 
 @dataclass
@@ -33,7 +45,7 @@ class Completion:
     token_ids: list[int]
     text: str
     finish_reason: str  # "stop" (an end token) or "length" (hit max_tokens)
-    logprobs: Optional[list[float]] = None  # sampling log-prob of each chosen token
+    logprobs: Optional[list[float]] = None  # sampling log-prob of each chosen token, if asked
 
     @property
     def truncated(self) -> bool:

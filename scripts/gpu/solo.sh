@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# One GPU to itself, one job after another: labkit's vLLM engine against raw vLLM,
-# then the recipe for a few steps with --engine hf and with --engine vllm, same model and seed.
+# One GPU to itself, one job after another, then two run queues on it (queue.py):
+#   bench_vllm      labkit's vLLM engine against raw vLLM (seeds, log-probs), one engine
+#   recipe_rerun    the recipe, synchronous, seed 1, timed alone; then a rerun in the same
+#                   process with 4 answers (benchmarks/bench_rerun.py): start-up cold and kept
+#   recipe_overlap  the recipe with --overlap-rollout, seed 1, timed alone
+#   bench_update    the update's memory/time curve over --max-tokens-per-gpu
 # session.sh starts it detached (setsid) so it outlives the 10-minute calls; logs go to
-# $SOLO/logs, run folders to $SOLO/runs, and `session.sh collect` brings them back.
-#   GPU=0 SOLO=$HOME/solo M=model.gguf D=gsm8k-folder bash scripts/gpu/solo.sh
-# Env: JOBS (default "bench_vllm recipe_hf recipe_vllm"), REPEATS (benchmark rounds, 5),
-# VLLM_STEPS (8), HF_LIMIT (s, 600).
+# $SOLO/logs, run folders to $SOLO/runs; `session.sh collect` brings them back.
+#   GPU=0 SOLO=$HOME/solo M=model.gguf D=gsm8k-folder R=$HOME/runs bash scripts/gpu/solo.sh
+# Env: JOBS (default: all four, in that order), QUEUES (run queues after the jobs: 2).
 # Each job has its own limit (timeout; SIGTERM first, so a labkit run stops after its step
 # with its log complete). Whole-GPU memory is sampled by nvidia-smi every second: the
-# trainer's perf/max_gpu_memory_gb counts torch's allocator only, not vLLM's KV cache.
+# trainer's perf/max_gpu_memory_gb counts torch's allocator only, not vLLM's.
 set -u
 export CUDA_VISIBLE_DEVICES=${GPU:-0}
 L=$SOLO/logs
@@ -28,18 +31,27 @@ job() {  # job NAME LIMIT_S CMD...: run CMD with GPU memory sampled, log its exi
 }
 
 RECIPE=(--rollout-batch-size 32 --n-samples-per-prompt 8 --global-batch-size 256 --rm-type math
-        --rollout-max-response-len 1024 --lr 1e-6 --seed 1 --model "$M" --data "$D" --no-progress
-        --save-interval -1 --output-dir "$SOLO/runs")
+        --rollout-max-response-len 1024 --lr 1e-6 --seed 1 --num-rollout 24 --no-progress
+        --save-interval -1 --engine vllm --rollout-gpu-memory-fraction 0.5)
 
-for j in ${JOBS:-bench_vllm recipe_hf recipe_vllm}; do
+for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
   case $j in
     bench_vllm) job bench_vllm 300 python benchmarks/bench_vllm_engine.py --model "$M" --prompts 32 \
-      --n 8 --max-tokens 1024 --gpu-memory-fraction 0.5 --repeats "${REPEATS:-5}" --out "$L/bench_vllm.json" ;;
-    recipe_hf) job recipe_hf "${HF_LIMIT:-600}" python -m labkit launch "${RECIPE[@]}" --engine hf \
-      --num-rollout 3 --run-name recipe-hf ;;
-    recipe_vllm) job recipe_vllm 300 python -m labkit launch "${RECIPE[@]}" --engine vllm \
-      --num-rollout "${VLLM_STEPS:-8}" --rollout-gpu-memory-fraction 0.5 --run-name recipe-vllm ;;
+      --n 8 --max-tokens 1024 --gpu-memory-fraction 0.5 --repeats 3 --out "$L/bench_vllm.json" ;;
+    recipe_rerun) job recipe_rerun 420 python benchmarks/bench_rerun.py --model "$M" --data "$D" \
+      --out "$SOLO/runs" --result "$L/rerun.json" -- "${RECIPE[@]}" ;;
+    recipe_overlap) job recipe_overlap 360 python -m labkit launch "${RECIPE[@]}" --model "$M" \
+      --data "$D" --overlap-rollout --output-dir "$SOLO/runs" --run-name overlap ;;
+    bench_update) job bench_update 240 python benchmarks/bench_update.py --model "$M" --samples 256 \
+      --dynamic-only --budgets 8192,12288,16384,24576 --out "$L/bench_update.json" ;;
     *) say "unknown job $j" ;;
   esac
 done
+say "jobs done; ${QUEUES:-2} run queues on GPU $CUDA_VISIBLE_DEVICES"
+for q in $(seq 1 "${QUEUES:-2}"); do
+  python scripts/gpu/queue.py --model "$M" --data "$D" --runs-dir "$R" --name "gpu$GPU-q$q" \
+    >> "$R/queue-gpu$GPU-q$q.log" 2>&1 &
+  sleep 25  # vLLM measures memory at start: let the first engine settle
+done
+wait
 say "all done"
