@@ -3,6 +3,31 @@
 Every per-step line of a run log (`metrics.jsonl`) uses these keys, so a run made with
 labkit and a run made with miles read the same in the lessons. The step key is
 `rollout/step`. Families that only labkit has get their own prefix (`heat/`, `client/`).
+
+How miles' names relate to these (radixark/miles main @ 31f1ca961a94, 2026-08-21;
+labkit.miles.log reads them so). Same name, same meaning: rollout/raw_reward,
+rollout/zero_std/all_zero_percentage and all_one_percentage (shares of the groups),
+rollout/response_len/mean and max, rollout/truncated_ratio, perf/update_weights_time,
+train/pg_clipfrac, train/ppo_kl (old - new log-prob), train/kl_loss (k3 with
+--kl-loss-type k3), train/grad_norm, train/train_rollout_logprob_abs_diff, and train/loss:
+in both the loss minimised, policy term + kl-loss-coef x KL - entropy-coef x entropy
+(miles' train/pg_loss is the policy term alone; the two agree when both weights are 0).
+The rest differ:
+
+| labkit | miles | how they relate |
+|---|---|---|
+| rollout/zero_std/frac_groups | zero_std/count_<reward> | sum of the counts / prompts |
+| rollout/tokens, n_prompts, n_samples_per_prompt | none | from response_len/mean and the run's flags |
+| perf/rollout_time | perf/rollout_time | miles' includes the reward, scored during generation |
+| perf/reward_time | none | inside miles' perf/rollout_time |
+| perf/actor_train_time | perf/actor_train_time, perf/log_probs_time | miles times its old-log-prob pass apart and runs it every step; labkit runs one only when a rollout gives several optimizer steps and counts it here: the sum then, actor_train_time alone with one step |
+| perf/step_time | perf/step_time | miles': train_wait + train, from the end of one update to the end of the next |
+| perf/tokens_per_s | none | per run, not per GPU as miles' tokens_per_gpu_per_sec |
+| train/entropy | train/entropy_loss | the mean token entropy; miles logs 0 when it does not compute it (--entropy-coef 0 without --observe-training-entropy) |
+| train/lr | train/lr-pg_0 | the first parameter group's |
+| train/steps | count of `step N` lines | optimizer steps of the rollout |
+| eval/accuracy | eval/<name> | miles' mean eval reward; the same for a 0/1 reward |
+| rollout/raw_reward_std, perf/max_gpu_memory_gb, train/micro_batches, heat/, client/, time/ | none | labkit only |
 """
 
 from __future__ import annotations
@@ -43,7 +68,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "perf/startup_engine_init_time": ("s", "vLLM's profile, KV cache and warm-up (part of perf/startup_engine_time)"),
     "perf/startup_reused": ("", "what was taken back from an earlier run in this process: 0, 1 (policy), 2 (policy and engine)"),
     # train: the optimizer steps of the rollout (means over them)
-    "train/loss": ("", "policy loss"),
+    "train/loss": ("", "the loss minimised: policy term + kl-loss-coef x KL - entropy-coef x entropy"),
     "train/pg_clipfrac": ("", "fraction of tokens whose ratio was clipped"),
     "train/ppo_kl": ("", "mean (old log-prob - new log-prob) over tokens"),
     "train/kl_loss": ("", "k3 KL to the reference model (only when --kl-loss-coef > 0)"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -62,60 +63,153 @@ def test_launch_refuses_http_rollouts_before_asking_for_a_router(capsys, tmp_pat
 
 
 # ------------------------------------------------------------------ the script, run in bash
-def _stub_cluster(tmp_path: Path) -> dict:
-    """A fake miles checkout, model and `ray`; returns the environment to run the script in."""
-    bin_dir, miles_dir, ckpt = tmp_path / "bin", tmp_path / "miles", tmp_path / "ckpt"
-    (miles_dir / "scripts" / "models").mkdir(parents=True)
-    (miles_dir / "scripts" / "models" / "qwen2.5-0.5B.sh").write_text(
-        "MODEL_ARGS=(--num-layers 24 --hidden-size 896)\n")
-    ckpt.mkdir()
-    bin_dir.mkdir()
-    ray = bin_dir / "ray"
-    ray.write_text('#!/usr/bin/env bash\nif [ "$1" = job ]; then\n'
-                   '  while [ "$1" != -- ]; do shift; done; shift\n'
-                   '  printf "%s\\n" "$@" > "$RAY_STUB_OUT"; echo "perf 0: {}"\nfi\n')
-    ray.chmod(ray.stat().st_mode | stat.S_IEXEC)
+CHECKOUTS = Path(__file__).parent / "fixtures" / "miles_checkouts"
+# The 14 flags of miles' scripts/models/qwen2.5-0.5B.py (main) and .sh (before fe30593dd6de).
+QWEN_05B_FLAGS = ["--swiglu", "--num-layers", "24", "--hidden-size", "896", "--ffn-hidden-size",
+                  "4864", "--num-attention-heads", "14", "--use-rotary-position-embeddings",
+                  "--disable-bias-linear", "--add-qkv-bias", "--normalization", "RMSNorm",
+                  "--norm-epsilon", "1e-6", "--rotary-base", "1000000", "--group-query-attention",
+                  "--num-query-groups", "2", "--vocab-size", "151936"]
+ONE_RUN = [["stop", "--force"], ["start", "--head"], ["job", "submit"], ["stop", "--force"]]
+
+
+def _stand_in(tmp_path: Path, layout: str = "main") -> dict:
+    """A miles checkout laid out like fixtures/miles_checkouts/<layout>, a model folder and
+    the stand-in `ray` first on PATH; returns the environment to run the script in."""
+    bin_dir, miles_dir, ckpt, state = (tmp_path / n for n in ("bin", "miles", "ckpt", "ray_state"))
+    shutil.copytree(CHECKOUTS / layout, miles_dir)
+    shutil.copytree(CHECKOUTS / "bin", bin_dir)
+    (bin_dir / "ray").chmod(0o755)
     (bin_dir / "python3").symlink_to(sys.executable)
+    ckpt.mkdir()
+    state.mkdir()
     return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path),
             "MILES_DIR": str(miles_dir), "HF_CHECKPOINT": str(ckpt), "PYTHONPATH": str(REPO),
-            "RAY_STUB_OUT": str(tmp_path / "ray_argv.txt")}
+            "RAY_FAKE_STATE": str(state), "FAKE_TRAIN_RECORD": str(tmp_path / "train_runs.jsonl")}
 
 
-def _run_script(tmp_path: Path, env: dict, cfg: RunConfig = RunConfig()) -> subprocess.CompletedProcess:
+def _write_script(tmp_path: Path, cfg: RunConfig = RunConfig()) -> Path:
     run_dir = tmp_path / "run"
     run_dir.mkdir(exist_ok=True)
     (run_dir / miles_backend.PROMPTS).write_text("")
     script = run_dir / miles_backend.SCRIPT
     script.write_text(miles_backend.render_script(cfg, explicit=set()))
-    return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    return script
+
+
+def _run_script(script: Path, env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    cwd.mkdir(exist_ok=True)
+    return subprocess.run(["bash", str(script)], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _ray_calls(env: dict) -> list[dict]:
+    path = Path(env["RAY_FAKE_STATE"]) / "calls.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _train_runs(env: dict) -> list[dict]:
+    path = Path(env["FAKE_TRAIN_RECORD"])
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_script_runs_twice_on_miles_main_from_another_folder(tmp_path):
+    """miles main: model flags from its Python helper, train.py found from any folder (also
+    with relative paths), and Ray stopped before and after each run, so a second run works."""
+    env = _stand_in(tmp_path, "main")
+    script = _write_script(tmp_path)
+    miles_dir = env["MILES_DIR"]
+    helper = f"{miles_dir}/miles/utils/external_utils/model_args_utils.py"
+    first = _run_script(script, env, tmp_path / "elsewhere")
+    assert first.returncode == 0, first.stderr
+    assert f"model args: python3 {helper} qwen2.5-0.5B" in first.stdout
+    relative = {**env, "MILES_DIR": "../miles", "HF_CHECKPOINT": "../ckpt"}  # from elsewhere/
+    second = _run_script(script, relative, tmp_path / "elsewhere")
+    assert second.returncode == 0, second.stderr
+    calls = _ray_calls(env)
+    assert [c["argv"][:2] for c in calls] == ONE_RUN * 2
+    assert all(c["cwd"] == miles_dir for c in calls if c["argv"][0] == "start")
+    runs = _train_runs(env)
+    assert len(runs) == 2
+    for ran in runs:
+        assert ran["argv"][0] == f"{miles_dir}/train.py" and ran["cwd"] == miles_dir
+        assert ran["argv"][1:1 + len(QWEN_05B_FLAGS)] == QWEN_05B_FLAGS
+        assert ran["pythonpath"].split(os.pathsep)[0] == miles_dir  # as miles' command_utils
+        flags = miles_command.parse_train_args(ran["argv"])
+        ckpt = flags["--hf-checkpoint"]  # made absolute: train.py runs in the miles checkout
+        assert os.path.isabs(ckpt) and os.path.normpath(ckpt) == env["HF_CHECKPOINT"]
+    assert "perf 0: " in (script.parent / miles_log.LOG).read_text()
+
+
+def test_script_sources_the_model_file_of_an_older_miles(tmp_path):
+    """A checkout from before fe30593dd6de has scripts/models/<type>.sh and no helper."""
+    env = _stand_in(tmp_path, "old")
+    done = _run_script(_write_script(tmp_path), env, tmp_path / "elsewhere")
+    assert done.returncode == 0, done.stderr
+    sh = f"{env['MILES_DIR']}/scripts/models/qwen2.5-0.5B.sh"
+    assert f"model args: source {sh} (a miles checkout from before fe30593dd6de)" in done.stdout
+    (ran,) = _train_runs(env)
+    assert ran["argv"][1:1 + len(QWEN_05B_FLAGS)] == QWEN_05B_FLAGS
+    assert [c["argv"][:2] for c in _ray_calls(env)] == ONE_RUN
+
+
+def test_script_submits_to_a_cluster_of_yours_without_stopping_it(tmp_path):
+    """With RAY_ADDRESS the job runs where that cluster was started: train.py by its path."""
+    env = _stand_in(tmp_path, "main")
+    theirs = tmp_path / "cluster_home"
+    theirs.mkdir()
+    subprocess.run([str(tmp_path / "bin" / "ray"), "start", "--head"], env=env, cwd=theirs, check=True)
+    done = _run_script(_write_script(tmp_path), {**env, "RAY_ADDRESS": "http://10.0.0.5:8265"},
+                       tmp_path / "elsewhere")
+    assert done.returncode == 0, done.stderr
+    assert [c["argv"][:2] for c in _ray_calls(env)] == [["start", "--head"], ["job", "submit"]]
+    (ran,) = _train_runs(env)
+    assert ran["cwd"] == str(theirs) and ran["argv"][0] == f"{env['MILES_DIR']}/train.py"
 
 
 def test_script_applies_the_course_overrides_at_run_time(tmp_path):
-    env = _stub_cluster(tmp_path)
+    env = _stand_in(tmp_path)
     env.update(MILES_NUM_ROLLOUT="12",
                MILES_EXTRA_ARGS="--n-samples-per-prompt 4 --global-batch-size 128")
-    done = _run_script(tmp_path, env)
+    script = _write_script(tmp_path)
+    done = _run_script(script, env, tmp_path / "elsewhere")
     assert done.returncode == 0, done.stderr
-    argv = Path(env["RAY_STUB_OUT"]).read_text().splitlines()
-    assert argv[:4] == ["python3", "train.py", "--num-layers", "24"]  # model flags first
-    ran = miles_command.parse_train_args(argv)
-    assert ran["--n-samples-per-prompt"] == "4" and ran["--global-batch-size"] == "128"
-    assert ran["--num-rollout"] == ran["--save-interval"] == "12"
-    assert ran["--hf-checkpoint"] == env["HF_CHECKPOINT"]
-    assert ran["--prompt-data"] == str(tmp_path / "run" / miles_backend.PROMPTS)
-    assert ran["--rollout-batch-size"] == "32"
+    (ran,) = _train_runs(env)
+    argv = ran["argv"]
+    assert argv[1:3] == ["--swiglu", "--num-layers"]  # model flags first
+    flags = miles_command.parse_train_args(argv)
+    assert flags["--n-samples-per-prompt"] == "4" and flags["--global-batch-size"] == "128"
+    assert flags["--num-rollout"] == flags["--save-interval"] == "12"
+    assert flags["--hf-checkpoint"] == env["HF_CHECKPOINT"]
+    assert flags["--prompt-data"] == str(tmp_path / "run" / miles_backend.PROMPTS)
+    assert flags["--rollout-batch-size"] == "32"
     # what ran is on disk beside the log, and the log is tee'd there
-    assert (tmp_path / "run" / miles_log.TRAIN_ARGS).read_text().splitlines() == argv[2:]
-    assert "perf 0: {}" in (tmp_path / "run" / miles_log.LOG).read_text()
+    assert (tmp_path / "run" / miles_log.TRAIN_ARGS).read_text().splitlines() == argv[1:]
+    assert "perf 0: " in (tmp_path / "run" / miles_log.LOG).read_text()
 
 
 def test_script_names_the_fix_when_the_model_is_missing(tmp_path):
-    env = _stub_cluster(tmp_path)
+    env = _stand_in(tmp_path)
     env["HF_CHECKPOINT"] = str(tmp_path / "nowhere")
-    done = _run_script(tmp_path, env)
+    done = _run_script(_write_script(tmp_path), env, tmp_path / "elsewhere")
     assert done.returncode == 1
     assert "hf download Qwen/Qwen2.5-0.5B-Instruct" in done.stderr
-    assert not Path(env["RAY_STUB_OUT"]).exists()
+    assert _ray_calls(env) == []  # checks come before Ray
+
+
+def test_script_names_the_fix_for_an_unknown_model_type(tmp_path):
+    env = _stand_in(tmp_path)
+    done = _run_script(_write_script(tmp_path), {**env, "MODEL_TYPE": "qwen9-1T"},
+                       tmp_path / "elsewhere")
+    assert done.returncode == 1
+    assert "miles has no model flags for MODEL_TYPE=qwen9-1T" in done.stderr
+    assert _ray_calls(env) == []
+
+
+def test_script_says_how_to_install_this_labkit():
+    script = miles_backend.render_script(RunConfig(), explicit=set())
+    assert "pip install -e <path to the labkit checkout>" in script
+    assert "pip install labkit" not in script  # an unrelated package has that name
 
 
 # ------------------------------------------------------------------ prompts and reward
@@ -172,7 +266,10 @@ def test_custom_reward_path_travels_to_the_hook(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("cfg", [RunConfig(), RunConfig(eval_interval=2, kl_loss_coef=0.1),
-                                 RunConfig(gradient_checkpointing=True, save_interval=3)])
+                                 RunConfig(gradient_checkpointing=True, save_interval=3),
+                                 RunConfig(save_interval=-1, rollout_sleep=False,
+                                           use_dynamic_batch_size=False),
+                                 RunConfig(model="someone/Other-7B")])
 def test_scripts_are_valid_bash(cfg, tmp_path):
     script = tmp_path / "s.sh"
     script.write_text(miles_backend.render_script(cfg, explicit=set(), gpus=2, run_name="a b"))
@@ -194,5 +291,5 @@ def test_main_writes_the_run_folder(tmp_path, capsys):
     assert len(miles_backend.read_prompt_data(out / miles_backend.PROMPTS)) == 5000
     assert len(miles_backend.read_prompt_data(out / miles_backend.EVAL_PROMPTS)) == 4
     info = json.loads((out / miles_backend.PROVENANCE).read_text())
-    assert info["config"]["n_samples_per_prompt"] == 8 and "00e365d" in info["miles"]
+    assert info["config"]["n_samples_per_prompt"] == 8 and "31f1ca961a94" in info["miles"]
     assert miles_backend.launch(cfg, explicit={"data"}, dry_run=False, out_dir=str(out)) == 2  # no overwrite

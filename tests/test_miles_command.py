@@ -14,8 +14,9 @@ RECIPE_FLAGS = {
     "--apply-chat-template": True,
     "--rollout-batch-size": "32", "--n-samples-per-prompt": "8",
     "--num-rollout": "${MILES_NUM_ROLLOUT:-24}", "--rollout-max-response-len": "1024",
-    "--rollout-temperature": "1.0", "--rollout-top-p": "1.0", "--rollout-seed": "1234",
-    "--global-batch-size": "256", "--micro-batch-size": "8", "--optimizer": "adam",
+    "--rollout-temperature": "1.0", "--rollout-top-p": "1.0", "--rollout-top-k": "-1",
+    "--rollout-seed": "1234", "--global-batch-size": "256", "--micro-batch-size": "8",
+    "--use-dynamic-batch-size": True, "--max-tokens-per-gpu": "8192", "--optimizer": "adam",
     "--lr": "1e-06", "--lr-decay-style": "constant", "--adam-beta1": "0.9",
     "--adam-beta2": "0.98", "--weight-decay": "0.1", "--clip-grad": "1.0", "--seed": "1234",
     "--advantage-estimator": "grpo", "--eps-clip": "0.2", "--eps-clip-high": "0.28",
@@ -24,7 +25,7 @@ RECIPE_FLAGS = {
     "--save": "$SAVE_DIR", "--save-interval": "${MILES_NUM_ROLLOUT:-24}",
     "--actor-num-nodes": "1", "--actor-num-gpus-per-node": "1", "--num-gpus-per-node": "1",
     "--colocate": True, "--rollout-num-gpus-per-engine": "1",
-    "--sglang-mem-fraction-static": "0.5", "--attention-dropout": "0.0",
+    "--sglang-mem-fraction-static": "0.5", "--offload-rollout": True, "--attention-dropout": "0.0",
     "--hidden-dropout": "0.0", "--accumulate-allreduce-grads-in-fp32": True,
     "--attention-softmax-in-fp32": True,
 }
@@ -66,6 +67,49 @@ def test_command_follows_the_other_knobs():
     assert flags["--seed"] == flags["--rollout-seed"] == "7"
     assert flags["--actor-num-gpus-per-node"] == flags["--num-gpus-per-node"] == "4"
     assert "--use-kl-loss" not in flags_of(RunConfig())  # no reference model at KL 0
+
+
+def test_dynamic_batch_size_maps_to_miles_with_its_token_cap():
+    """miles asserts --max-tokens-per-gpu with --use-dynamic-batch-size; off, neither is
+    passed and --micro-batch-size applies, in both."""
+    flags = flags_of(RunConfig(max_tokens_per_gpu=4096))
+    assert flags["--use-dynamic-batch-size"] is True and flags["--max-tokens-per-gpu"] == "4096"
+    fixed = flags_of(RunConfig(use_dynamic_batch_size=False, max_tokens_per_gpu=4096))
+    assert "--use-dynamic-batch-size" not in fixed and "--max-tokens-per-gpu" not in fixed
+    assert fixed["--micro-batch-size"] == "8"
+
+
+def test_save_interval_keeps_labkits_meaning():
+    """K: every K and after the last; 0: after the last; -1: never. miles saves nothing
+    without --save-interval, and with -1 would save every rollout."""
+    assert flags_of(RunConfig(save_interval=5))["--save-interval"] == "5"
+    assert flags_of(RunConfig(save_interval=0))["--save-interval"] == "${MILES_NUM_ROLLOUT:-24}"
+    never = flags_of(RunConfig(save_interval=-1))
+    assert "--save-interval" not in never and "--save" not in never
+
+
+def test_rollout_sleep_is_the_rollout_offload_of_miles():
+    assert flags_of(RunConfig())["--offload-rollout"] is True
+    awake = flags_of(RunConfig(rollout_sleep=False), explicit={"rollout_sleep"})
+    assert awake["--no-offload-rollout"] is True and "--offload-rollout" not in awake
+    rows = {f: (o, t) for f, o, t in miles_command.default_differences(RunConfig(rollout_sleep=False))}
+    assert rows["--offload-rollout"] == (False, True)
+    assert "--offload-rollout" not in {f for f, _, _ in miles_command.default_differences(RunConfig())}
+
+
+def test_top_p_goes_with_no_top_k_as_in_labkit():
+    flags = flags_of(RunConfig(rollout_top_p=0.9))
+    assert flags["--rollout-top-p"] == "0.9" and flags["--rollout-top-k"] == "-1"
+
+
+def test_kv_cache_in_gib_is_refused_by_value():
+    """A fixed KV cache size has no miles flag: refused, set on the command line or not."""
+    for explicit in ({"rollout_kv_cache_gb"}, set()):
+        with pytest.raises(miles_command.MilesUnsupported) as info:
+            miles_command.build_command(RunConfig(rollout_kv_cache_gb=8.0), explicit=explicit)
+        assert info.value.flags == ["--rollout-kv-cache-gb"]
+        assert "--sglang-mem-fraction-static" in str(info.value)
+        assert "--sglang-max-total-tokens" in str(info.value)
 
 
 def test_parse_train_args_keeps_the_last_value_like_argparse():
@@ -120,7 +164,10 @@ def test_default_differences_side_by_side():
     assert rows["--hidden-dropout"] == (0.0, 0.1)
     assert rows["--eps-clip-high"] == (0.28, None)
     assert rows["--num-rollout"] == (24, None)
-    for same in ("--lr", "--eps-clip", "--seed", "--clip-grad", "--kl-loss-coef", "--kl-loss-type"):
+    assert rows["--use-dynamic-batch-size"] == (True, False)
+    assert rows["--max-tokens-per-gpu"] == (8192, None)
+    for same in ("--lr", "--eps-clip", "--seed", "--clip-grad", "--kl-loss-coef", "--kl-loss-type",
+                 "--rollout-top-k", "--offload-rollout"):
         assert same not in rows  # equal, or not passed (KL type at KL weight 0)
     table = miles_command.format_differences(miles_command.default_differences(RunConfig()))
     assert "--adam-beta2" in table and "0.999" in table and "= --eps-clip" in table

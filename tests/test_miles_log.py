@@ -41,7 +41,8 @@ def test_text_log_reads_into_labkit_names():
     assert df["rollout/zero_std/all_zero_percentage"].iloc[0] == 5 / 32
     assert df["rollout/tokens"].iloc[0] == 212.5 * 32 * 4
     assert df["perf/tokens_per_s"].iloc[0] == pytest.approx(212.5 * 128 / 30.5)
-    assert df["train/loss"].tolist() == [0.011, -0.004, 0.02]  # the policy loss (pg_loss)
+    # miles' train/loss, the loss minimised as labkit's is; not train/pg_loss (0.011 at step 0)
+    assert df["train/loss"].tolist() == [0.012, -0.004, 0.02]
     assert df["train/grad_norm"].tolist() == [0.31, 0.29, 0.35]  # one was a tensor(...)
     assert df["train/entropy"].iloc[0] == 0.41 and df["train/lr"].iloc[0] == 1e-6
     assert df["train/steps"].tolist() == [1, 1, 1]  # the critic-step line is not the actor's
@@ -86,6 +87,31 @@ def test_wandb_export_reads_like_the_text_log():
     assert df["rollout/zero_std/frac_groups"].tolist() == pytest.approx([0.3125, 0.3125])
     assert df["eval/accuracy"].iloc[0] == 0.25
     assert df["seed"].tolist() == [3, 3]
+
+
+def test_update_time_counts_the_old_log_prob_pass_only_with_several_steps(tmp_path):
+    """labkit's perf/actor_train_time includes an old-log-prob pass only when a rollout gives
+    several optimizer steps; miles always runs one and times it as perf/log_probs_time."""
+    log = tmp_path / "miles.log"
+    log.write_text("perf 0: {'perf/actor_train_time': 10.0, 'perf/log_probs_time': 2.0}\n"
+                   "step 0: {'train/loss': 0.5}\nstep 1: {'train/loss': 0.7}\n")
+    two_steps = miles_log.read_miles_log(log, rollout_batch_size=32, n_samples_per_prompt=16,
+                                         global_batch_size=256)
+    assert two_steps["perf/actor_train_time"].tolist() == [12.0]
+    one_step = miles_log.read_miles_log(log, rollout_batch_size=32, n_samples_per_prompt=16,
+                                        global_batch_size=512)
+    assert one_step["perf/actor_train_time"].iloc[0] == 10.0  # (steps 0 and 1: two rollouts)
+
+
+def test_entropy_miles_did_not_compute_reads_as_missing(tmp_path):
+    """miles logs train/entropy_loss = 0 when it computes no entropy (coefficient 0 without
+    --observe-training-entropy); labkit's train/entropy is then not recorded (NaN)."""
+    log = tmp_path / "miles.log"
+    log.write_text("step 0: {'train/loss': 0.1, 'train/entropy_loss': 0.0}\n"
+                   "step 1: {'train/loss': 0.2, 'train/entropy_loss': 0.37}\n")
+    df = miles_log.read_miles_log(log, rollout_batch_size=4, n_samples_per_prompt=4,
+                                  global_batch_size=16)
+    assert math.isnan(df["train/entropy"].iloc[0]) and df["train/entropy"].iloc[1] == 0.37
 
 
 def test_unknown_batch_sizes_warn_and_take_one_step_per_rollout(tmp_path):

@@ -17,7 +17,7 @@ module per idea:
 
 from __future__ import annotations
 
-from labkit.miles.backend import (EVAL_PROMPTS, MODEL_ARGS_SCRIPTS, PROMPTS, PROVENANCE, SCRIPT,
+from labkit.miles.backend import (EVAL_PROMPTS, MODEL_TYPES, PROMPTS, PROVENANCE, SCRIPT,
                                   default_run_dir, launch, miles_reward, ordered_problems,
                                   read_prompt_data, render_script, write_prompt_data,
                                   write_run_folder)
@@ -36,7 +36,7 @@ __all__ = [
     # the backend: script, prompts, reward hook, launch (labkit.miles.backend)
     "launch", "render_script", "write_run_folder", "default_run_dir", "write_prompt_data",
     "read_prompt_data", "ordered_problems", "miles_reward", "SCRIPT", "PROMPTS", "EVAL_PROMPTS",
-    "PROVENANCE", "MODEL_ARGS_SCRIPTS",
+    "PROVENANCE", "MODEL_TYPES",
     # the logs (labkit.miles.log)
     "read_miles_log", "parse_log_dict", "to_labkit_metrics", "LOG", "TRAIN_ARGS", "CONFIG_FLAGS",
 ]

@@ -3,11 +3,17 @@ reward hook miles calls back.
 
 The run folder holds run_miles.sh (train.py's flags from labkit.miles.command, in a bash
 script that checks its inputs, starts Ray and tees miles' output to miles.log), the prompt
-file(s) and labkit_miles.json (config, command, miles commit). Two choices make miles run
-the experiment labkit runs:
+file(s) and labkit_miles.json (config, command, miles commit). The script does what miles'
+own launchers do (radixark/miles main @ 31f1ca961a94: `examples/experimental/
+reproducibility/run-qwen2.5-0.5B-gsm8k.sh`, `miles/utils/external_utils/command_utils.py`):
+Megatron's model flags from `miles/utils/external_utils/model_args_utils.py` (the `.sh`
+files it replaced in fe30593dd6de are sourced on older checkouts), `ray stop --force`
+before its own Ray head, and train.py by its absolute path with the miles checkout on the
+job's PYTHONPATH, so it runs from any folder. Two choices make miles run the experiment
+labkit runs:
 
 * Reward. miles' `--rm-type math` grades only a `\\boxed{}` answer (grade_answer_verl in
-  `miles/rollout/rm_hub/__init__.py` @ 03f9cab162fafe8e71ee0a234b46344114d87e76), but
+  `miles/rollout/rm_hub/__init__.py`, last changed in 6189c686ce92), but
   labkit's prompt asks for `#### 42`. So the script also passes `--custom-rm-path
   labkit.miles.miles_reward` (`miles_reward` here), which scores with labkit's own reward
   (miles prefers a custom path over the rm type); labkit must be importable where miles runs.
@@ -30,8 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional
 
 from labkit.config import RECIPE_MODEL, RunConfig
-from labkit.miles.command import (INPUT_KEY, LABEL_KEY, MilesUnsupported, build_command,
-                                  default_differences, format_differences)
+from labkit.miles.command import (INPUT_KEY, LABEL_KEY, MILES_CHECKED, MilesUnsupported,
+                                  build_command, default_differences, format_differences)
 from labkit.miles.log import LOG, TRAIN_ARGS
 
 if TYPE_CHECKING:
@@ -41,8 +47,9 @@ SCRIPT = "run_miles.sh"
 PROMPTS = "prompts_train.jsonl"
 EVAL_PROMPTS = "prompts_eval.jsonl"
 PROVENANCE = "labkit_miles.json"
-# Megatron needs the architecture as flags; miles keeps them per model in scripts/models/.
-MODEL_ARGS_SCRIPTS = {RECIPE_MODEL: "scripts/models/qwen2.5-0.5B.sh"}
+# Megatron needs the architecture as flags; miles keeps them per model type in
+# scripts/models/<type>.py (<type>.sh before fe30593dd6de), read by the script.
+MODEL_TYPES = {RECIPE_MODEL: "qwen2.5-0.5B"}
 
 
 # ------------------------------------------------------------------ the script
@@ -63,43 +70,73 @@ def _array_lines(argv: list[str]) -> str:
     return "\n".join("   " + " ".join(line) for line in lines if line)
 
 
-# Ray's runtime env for train.py: Megatron on the path, labkit's custom reward (if any).
-_RUNTIME_ENV = ('{"env_vars": {"PYTHONPATH": "\'"$MEGATRON_PATH:${PYTHONPATH:-}"\'", '
-                '"CUDA_DEVICE_MAX_CONNECTIONS": "1", '
+# Ray's runtime env for train.py: the miles checkout, Megatron and the caller's PYTHONPATH
+# ($JOB_PYTHONPATH, as miles' command_utils builds it), labkit's custom reward (if any).
+_RUNTIME_ENV = ('{"env_vars": {"PYTHONPATH": "\'"$JOB_PYTHONPATH"\'", '
+                '"CUDA_DEVICE_MAX_CONNECTIONS": "1", "PYTHONUNBUFFERED": "1", '
                 '"LABKIT_CUSTOM_RM_PATH": "\'"${LABKIT_CUSTOM_RM_PATH:-}"\'"}}')
 
 _SCRIPT_TEMPLATE = """#!/usr/bin/env bash
 # The labkit recipe on miles (github.com/radixark/miles): {p} prompts x \
 {n} answers, global batch {g}, {num_rollout} rollouts.
-# Written by `labkit launch --backend miles`; labkit/miles_command.py maps each RunConfig flag to miles'.
+# Written by `labkit launch --backend miles`; labkit/miles/command.py maps each RunConfig flag to miles'.
+# Checked against {miles_checked}.
 #
-# Run it where miles runs (e.g. in the miles docker image), on {gpus} GPU(s):
+# Run it where miles runs (e.g. in the miles docker image), on {gpus} GPU(s), from any folder:
 #     bash {script}
 # The course's overrides work as with labkit (MILES_EXTRA_ARGS goes last and wins):
 #     MILES_NUM_ROLLOUT=24 MILES_EXTRA_ARGS="--n-samples-per-prompt 4 --global-batch-size 128" bash {script}
 # Paths are environment variables with defaults below. Read the run back in a notebook:
 #     labkit.miles.read_miles_log("<this folder>/{log}")
+# Ray: the script stops any Ray of yours on this machine (ray stop --force), starts its own
+# head node and stops it when it exits. With RAY_ADDRESS set it submits to that cluster and
+# neither starts nor stops Ray.
 set -euo pipefail
 die() {{ echo "{script}: $*" >&2; exit 1; }}
+absolute() {{ case "$1" in /*) printf '%s\\n' "$1" ;; *) printf '%s\\n' "$PWD/$1" ;; esac; }}
 
 HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 : "${{MILES_DIR:=$HOME/miles}}"
 : "${{MEGATRON_PATH:=$HOME/Megatron-LM}}"
 : "${{HF_CHECKPOINT:={hf}}}"
-: "${{MODEL_ARGS_SCRIPT:={model_args}}}"
+: "${{MODEL_TYPE:={model_type}}}"  # Megatron's model flags: miles' scripts/models/<MODEL_TYPE>.py
+: "${{MODEL_ARGS_SCRIPT:=}}"  # or a .sh of your own that defines the MODEL_ARGS array
 : "${{PROMPT_DATA:=${{HERE}}/{prompts}}}"
 : "${{SAVE_DIR:=$HERE/checkpoint}}"
 : "${{MILES_LOG:=$HERE/{log}}}"
 : "${{LABKIT_CUSTOM_RM_PATH:={custom_rm}}}"
 export LABKIT_CUSTOM_RM_PATH
-[ -d "$MILES_DIR" ] || die "no miles checkout at $MILES_DIR; set MILES_DIR"
+[ -f "$MILES_DIR/train.py" ] || die "no miles checkout at $MILES_DIR (no train.py there); set MILES_DIR"
 [ -d "$HF_CHECKPOINT" ] || die "no model at $HF_CHECKPOINT; run: hf download {model} --local-dir $HF_CHECKPOINT (or set HF_CHECKPOINT)"
-[ -f "${{MODEL_ARGS_SCRIPT:-}}" ] || die "no Megatron model flags at '${{MODEL_ARGS_SCRIPT:-}}'; set MODEL_ARGS_SCRIPT to miles' scripts/models/<model>.sh"
+[ -n "$MODEL_TYPE$MODEL_ARGS_SCRIPT" ] || die "no Megatron model flags for {model}; set MODEL_TYPE to its name in miles' scripts/models/ (or MODEL_ARGS_SCRIPT to a .sh that defines MODEL_ARGS)"
+[ -z "$MODEL_ARGS_SCRIPT" ] || [ -f "$MODEL_ARGS_SCRIPT" ] || die "no file at MODEL_ARGS_SCRIPT=$MODEL_ARGS_SCRIPT"
 [ -f "$PROMPT_DATA" ] || die "no prompts at $PROMPT_DATA; write them with labkit launch --backend miles (no --dry-run)"
-{eval_lines}python3 -c "import labkit.reward" 2>/dev/null || die "labkit is not importable; miles scores with labkit's reward: pip install labkit (or add it to PYTHONPATH)"
+{eval_lines}python3 -c "import labkit.reward" 2>/dev/null || die "labkit is not importable; miles scores with labkit's reward. Install this labkit from its checkout: pip install -e <path to the labkit checkout> (or add that path to PYTHONPATH); the 'labkit' on PyPI is another package"
 
-source "$MODEL_ARGS_SCRIPT"  # defines MODEL_ARGS, the architecture flags Megatron needs
-declare -p MODEL_ARGS >/dev/null 2>&1 || die "$MODEL_ARGS_SCRIPT defines no MODEL_ARGS array"
+# Megatron's model flags, read the way miles' own run scripts read them: its Python helper
+# (scripts/models/<type>.py, since miles fe30593dd6de), else the .sh of older checkouts.
+MODEL_ARGS_HELPER="$MILES_DIR/miles/utils/external_utils/model_args_utils.py"
+if [ -n "$MODEL_ARGS_SCRIPT" ]; then
+   MODEL_ARGS_FROM="source $MODEL_ARGS_SCRIPT (MODEL_ARGS_SCRIPT)"
+   source "$MODEL_ARGS_SCRIPT"
+elif [ -f "$MODEL_ARGS_HELPER" ]; then
+   MODEL_ARGS_FROM="python3 $MODEL_ARGS_HELPER $MODEL_TYPE"
+   MODEL_ARGS_LINE="$(python3 "$MODEL_ARGS_HELPER" "$MODEL_TYPE")" || die "miles has no model flags for MODEL_TYPE=$MODEL_TYPE (scripts/models/$MODEL_TYPE.py in $MILES_DIR); set MODEL_TYPE"
+   read -ra MODEL_ARGS <<< "$MODEL_ARGS_LINE"
+elif [ -f "$MILES_DIR/scripts/models/$MODEL_TYPE.sh" ]; then
+   MODEL_ARGS_FROM="source $MILES_DIR/scripts/models/$MODEL_TYPE.sh (a miles checkout from before fe30593dd6de)"
+   source "$MILES_DIR/scripts/models/$MODEL_TYPE.sh"
+else
+   die "no model flags for MODEL_TYPE=$MODEL_TYPE in $MILES_DIR: neither miles/utils/external_utils/model_args_utils.py nor scripts/models/$MODEL_TYPE.sh; set MODEL_TYPE or MODEL_ARGS_SCRIPT"
+fi
+declare -p MODEL_ARGS >/dev/null 2>&1 || die "$MODEL_ARGS_FROM defined no MODEL_ARGS array"
+echo "model args: $MODEL_ARGS_FROM"
+
+# train.py runs in the miles checkout: every path it gets is made absolute first
+MILES_DIR="$(cd "$MILES_DIR" && pwd)"
+for name in MEGATRON_PATH HF_CHECKPOINT PROMPT_DATA {eval_var}SAVE_DIR MILES_LOG; do
+   printf -v "$name" '%s' "$(absolute "${{!name}}")"
+done
 
 TRAIN_ARGS=(
 {train_args}
@@ -112,14 +149,24 @@ eval "EXTRA_ARGS=(${{MILES_EXTRA_ARGS:-}})"  # shell-split, as labkit splits it
 ALL_ARGS=("${{MODEL_ARGS[@]}}" "${{TRAIN_ARGS[@]}}" ${{WANDB_ARGS[@]+"${{WANDB_ARGS[@]}}"}} ${{EXTRA_ARGS[@]+"${{EXTRA_ARGS[@]}}"}})
 printf '%s\\n' "${{ALL_ARGS[@]}}" > "$HERE/{train_args_file}"
 
+# Ray runs a job where `ray start` ran (no working_dir is sent), so Ray starts in the miles
+# checkout, and train.py goes by its absolute path for a cluster of yours (RAY_ADDRESS).
+# As miles' scripts do, stop a Ray left by an earlier run first (`ray start --head` fails
+# while one runs); unlike them, stop this one on exit. Their `pkill -9 python` is left
+# out: it would kill every Python process of yours (other jobs, notebooks), not just Ray's.
+cd "$MILES_DIR"
 if [ -z "${{RAY_ADDRESS:-}}" ]; then
+   ray stop --force
+   trap 'ray stop --force >/dev/null 2>&1 || true' EXIT
+   trap 'exit 130' INT  # leave through the EXIT trap
+   trap 'exit 143' TERM
    ray start --head --node-ip-address 127.0.0.1 --num-gpus {gpus} --disable-usage-stats
    RAY_ADDRESS="http://127.0.0.1:8265"
 fi
-cd "$MILES_DIR"
+JOB_PYTHONPATH="$MILES_DIR:$MEGATRON_PATH${{PYTHONPATH:+:$PYTHONPATH}}"
 ray job submit --address="$RAY_ADDRESS" \\
    --runtime-env-json='{runtime_env}' \\
-   -- python3 train.py "${{ALL_ARGS[@]}}" 2>&1 | tee "$MILES_LOG"
+   -- python3 "$MILES_DIR/train.py" "${{ALL_ARGS[@]}}" 2>&1 | tee "$MILES_LOG"
 """
 
 
@@ -130,9 +177,10 @@ def render_script(
 ) -> str:
     """The bash script that runs `cfg` on miles (see build_command for the arguments).
 
-    It checks its inputs and names the fix, starts Ray unless RAY_ADDRESS is set, writes
-    the final train.py arguments to train_args.txt and tees miles' output to miles.log,
-    next to itself, where read_miles_log finds both.
+    It checks its inputs and names the fix, reads Megatron's model flags from the miles
+    checkout, runs its own Ray head (stopped before and after) unless RAY_ADDRESS is set,
+    writes the final train.py arguments to train_args.txt and tees miles' output to
+    miles.log, next to itself, where read_miles_log finds both. It runs from any folder.
     """
     argv = build_command(cfg, explicit=explicit, model_path=model_path, data_path=data_path,
                          eval_data_path=eval_data_path, gpus=gpus, save_dir=save_dir)
@@ -143,8 +191,8 @@ def render_script(
         p=cfg.rollout_batch_size, n=cfg.n_samples_per_prompt, g=cfg.global_batch_size,
         num_rollout=cfg.num_rollout, gpus=gpus, model=cfg.model,
         hf=model_path or f"$HOME/models/{Path(cfg.model).name}",
-        model_args=(f"$MILES_DIR/{MODEL_ARGS_SCRIPTS[cfg.model]}"
-                    if cfg.model in MODEL_ARGS_SCRIPTS else ""),
+        model_type=MODEL_TYPES.get(cfg.model, ""), miles_checked=MILES_CHECKED,
+        eval_var="EVAL_DATA " if cfg.eval_interval > 0 else "",
         custom_rm=re.sub(r'(["$`\\])', r"\\\1", cfg.custom_rm_path or ""),  # inside "..."
         eval_lines=eval_lines, train_args=_array_lines(argv[2:]), run_name=shlex.quote(run_name),
         runtime_env=_RUNTIME_ENV, script=SCRIPT, log=LOG, prompts=PROMPTS,
@@ -273,7 +321,7 @@ def write_run_folder(cfg: RunConfig, run_dir: Path, script: str, *, explicit: It
         write_prompt_data(held_out, run_dir / EVAL_PROMPTS)
     info = {"labkit_version": __version__, "config": cfg.to_dict(), "explicit": sorted(explicit),
             "train_args": build_command(cfg, explicit=explicit, gpus=gpus)[2:],
-            "miles": "radixark/miles, flags as of miles/utils/arguments.py @ 00e365d9"}
+            "miles": MILES_CHECKED}
     (run_dir / PROVENANCE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     path = run_dir / SCRIPT
     path.write_text(script)

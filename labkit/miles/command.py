@@ -4,13 +4,17 @@ where the recipe's command departs from miles' defaults.
 The course's recipe comes from miles (github.com/radixark/miles, a sibling of THUDM/slime:
 SGLang rollouts, Megatron training, Ray). `build_command` spells a RunConfig as the
 arguments of miles' train.py, grouped by family; labkit.miles.backend wraps them in a
-launch script. What was matched, and where (radixark/miles at these commits):
+launch script. What was matched, and where (radixark/miles main @ 31f1ca961a94,
+2026-08-21, `MILES_CHECKED`; the commit named after a file is the last to change it):
 
-* flags and defaults: `miles/utils/arguments.py` @ 00e365d95b8ea10495403d0ea3e075d6f830654b;
-  Megatron-LM's own defaults for the flags miles does not reset (dropouts 0.1, weight
-  decay 0.01, Adam beta2 0.999, linear LR decay);
+* flags, defaults and checks: `miles/utils/arguments.py` (49cac7b52507); Megatron-LM's own
+  defaults for the flags miles does not reset (dropouts 0.1, weight decay 0.01, Adam beta2
+  0.999, linear LR decay);
 * the shape of a Qwen2.5-0.5B GSM8K run: `tests/e2e/short/test_qwen2.5_0.5B_gsm8k_short.py`
-  @ 062c380287a6dc733e7f9dd5ff10d0d62b8ddc3c (Megatron + bridge, colocated, messages/label).
+  (babb42903851; Megatron + bridge, colocated, messages/label);
+* when a checkpoint is written: `train.py` (e5916b32c1c7) and `should_run_periodic_action`
+  in `miles/utils/misc.py`: no --save-interval, no checkpoint, even with --save; any
+  interval also saves after the last rollout.
 
 Every value is passed explicitly (miles' defaults differ: `default_differences`),
 `MILES_NUM_ROLLOUT` sets `--num-rollout` at run time and `MILES_EXTRA_ARGS` goes last,
@@ -27,6 +31,8 @@ from typing import Iterable, Optional
 
 from labkit.config import EMBEDDED_MODEL, RECIPE_MODEL, RunConfig
 
+# The miles commit the command and the script were checked against (radixark/miles main).
+MILES_CHECKED = "radixark/miles main @ 31f1ca961a94 (2026-08-21)"
 INPUT_KEY, LABEL_KEY = "messages", "label"  # the prompt file's fields (labkit.miles.backend)
 EVAL_NAME = "heldout"  # eval/<name> in miles' log
 REWARD_HOOK = "labkit.miles.miles_reward"  # the public path of miles_backend.miles_reward
@@ -43,6 +49,12 @@ UNSUPPORTED = {
     "router_url": "only for --rollout-mode http, which --backend miles refuses; drop it",
     "max_open_requests": "only for --rollout-mode http, which --backend miles refuses; drop it",
 }
+# Refused by value (set or not): a fixed KV cache size has no miles flag. SGLang sizes its
+# cache as a share of GPU memory (--sglang-mem-fraction-static, which labkit's
+# --rollout-gpu-memory-fraction sets) or caps it in tokens, not GiB.
+KV_CACHE_GB = ("miles sizes SGLang's KV cache as a share of GPU memory, not in GiB; drop it "
+               "and set --rollout-gpu-memory-fraction (passed as --sglang-mem-fraction-static), "
+               "or cap the cache in tokens with MILES_EXTRA_ARGS=\"--sglang-max-total-tokens N\"")
 # --rollout-mode http is refused by its value (colocate is what miles does with --colocate).
 HTTP_ROLLOUTS = ("http sends each answer to the engines behind `labkit serve`'s router, and "
                  "miles cannot: it starts its own SGLang engines and loads new weights into "
@@ -54,20 +66,24 @@ HTTP_ROLLOUTS = ("http sends each answer to the engines behind `labkit serve`'s 
 MILES_DEFAULTS: dict[str, object] = {
     "--rollout-batch-size": None, "--n-samples-per-prompt": 1, "--global-batch-size": None,
     "--num-rollout": None, "--rollout-max-response-len": None, "--rollout-temperature": 1.0,
-    "--rollout-top-p": 1.0, "--rollout-seed": 42, "--micro-batch-size": 1, "--lr": 1e-6,
-    "--lr-decay-style": "linear", "--adam-beta1": 0.9, "--adam-beta2": 0.999,
+    "--rollout-top-p": 1.0, "--rollout-top-k": -1, "--rollout-seed": 42,
+    "--micro-batch-size": 1, "--use-dynamic-batch-size": False, "--max-tokens-per-gpu": None,
+    "--lr": 1e-6, "--lr-decay-style": "linear", "--adam-beta1": 0.9, "--adam-beta2": 0.999,
     "--weight-decay": 0.01, "--clip-grad": 1.0, "--seed": 1234, "--eps-clip": 0.2,
     "--eps-clip-high": None, "--kl-loss-coef": 0.0, "--use-kl-loss": False,
     "--kl-loss-type": "k1", "--entropy-coef": 0.0, "--calculate-per-token-loss": False,
     "--disable-grpo-std-normalization": False, "--rm-type": None, "--custom-rm-path": None,
     "--input-key": "input", "--label-key": None, "--apply-chat-template": False,
     "--eval-interval": None, "--save-interval": None, "--colocate": False,
+    "--offload-rollout": True,  # miles' default under --colocate, which the recipe passes
     "--actor-num-gpus-per-node": 8, "--num-gpus-per-node": 8,
     "--sglang-mem-fraction-static": None, "--attention-dropout": 0.1, "--hidden-dropout": 0.1,
 }
 
 # What miles does with a flag it was not given (None above).
 UNSET_MEANS = {
+    "--rollout-batch-size": "none (required)",
+    "--max-tokens-per-gpu": "unset (required with --use-dynamic-batch-size)",
     "--num-rollout": "unset (from data size x --num-epoch)",
     "--eps-clip-high": "unset (= --eps-clip)",
     "--rollout-max-response-len": "unset (SGLang's max)",
@@ -95,9 +111,12 @@ def _num(x: float) -> str:
 
 def refuse_unsupported(cfg: RunConfig, explicit: Iterable[str]) -> None:
     """Raise MilesUnsupported naming each explicitly set flag miles cannot honour, and
-    --rollout-mode http (set or not: miles generates with its own engines)."""
+    --rollout-mode http and --rollout-kv-cache-gb (set or not: miles generates with its own
+    engines, and sizes their KV cache by memory share)."""
     reasons = {"--rollout-mode": HTTP_ROLLOUTS} if cfg.rollout_mode == "http" else {}
     reasons.update({_flag(f): UNSUPPORTED[f] for f in sorted(explicit) if f in UNSUPPORTED})
+    if cfg.rollout_kv_cache_gb is not None:
+        reasons["--rollout-kv-cache-gb"] = KV_CACHE_GB
     if cfg.model == EMBEDDED_MODEL or str(cfg.model).endswith(".gguf"):
         reasons["--model"] = (f"{cfg.model!r} is a GGUF file; miles trains a Hugging Face "
                               f"checkpoint, e.g. --model {RECIPE_MODEL}")
@@ -129,23 +148,16 @@ def build_command(
     # prompts: labkit's messages and labels, already in labkit's order (no --rollout-shuffle)
     a += ["--prompt-data", data_path or "$PROMPT_DATA", "--input-key", INPUT_KEY,
           "--label-key", LABEL_KEY, "--apply-chat-template"]
-    # rollout (newer miles wants a positive --rollout-top-k once --rollout-top-p < 1)
+    # rollout. labkit samples with no top-k, which is miles' -1. (An unmerged miles PR,
+    # #2596, would refuse --rollout-top-p < 1 without a positive --rollout-top-k; main at
+    # MILES_CHECKED has no such check, and any top-k would change what labkit samples.)
     a += ["--rollout-batch-size", str(cfg.rollout_batch_size),
           "--n-samples-per-prompt", str(cfg.n_samples_per_prompt), "--num-rollout", num_rollout,
           "--rollout-max-response-len", str(cfg.rollout_max_response_len),
           "--rollout-temperature", _num(cfg.rollout_temperature),
-          "--rollout-top-p", _num(cfg.rollout_top_p), "--rollout-seed", str(cfg.seed)]
-    # training: AdamW at a constant learning rate, as labkit's trainer
-    a += ["--global-batch-size", str(cfg.global_batch_size),
-          "--micro-batch-size", str(cfg.micro_batch_size), "--optimizer", "adam",
-          "--lr", _num(cfg.lr), "--lr-decay-style", "constant",
-          "--adam-beta1", _num(cfg.adam_beta1), "--adam-beta2", _num(cfg.adam_beta2),
-          "--weight-decay", _num(cfg.weight_decay), "--clip-grad", _num(cfg.clip_grad),
-          "--seed", str(cfg.seed)]
-    if cfg.gradient_checkpointing:
-        a += ["--recompute-granularity", "full", "--recompute-method", "uniform",
-              "--recompute-num-layers", "1"]
-    a += _algorithm_flags(cfg)
+          "--rollout-top-p", _num(cfg.rollout_top_p), "--rollout-top-k", "-1",
+          "--rollout-seed", str(cfg.seed)]
+    a += _training_flags(cfg) + _algorithm_flags(cfg)
     # reward: miles prefers --custom-rm-path, which scores with labkit's reward for --rm-type
     a += ["--rm-type", cfg.rm_type, "--custom-rm-path", REWARD_HOOK]
     if cfg.eval_interval > 0:  # greedy (top-k 1), one answer per held-out problem
@@ -153,16 +165,40 @@ def build_command(
               "--eval-prompt-data", EVAL_NAME, eval_data_path or "$EVAL_DATA",
               "--n-samples-per-eval-prompt", "1",
               "--eval-max-response-len", str(cfg.rollout_max_response_len), "--eval-top-k", "1"]
-    # checkpoint: every K rollouts, or (K = 0) once, after the last one
-    save_every = str(cfg.save_interval) if cfg.save_interval > 0 else num_rollout
-    a += ["--save", save_dir or "$SAVE_DIR", "--save-interval", save_every]
-    # one node; trainer and SGLang share the GPUs (colocated), as in labkit
+    # checkpoint: every K rollouts and after the last (miles always saves the last rollout
+    # once an interval is set); K = 0: after the last only; K = -1: never, which in miles
+    # is no --save-interval (with one, -1 would save every rollout)
+    if cfg.save_interval >= 0:
+        save_every = str(cfg.save_interval) if cfg.save_interval > 0 else num_rollout
+        a += ["--save", save_dir or "$SAVE_DIR", "--save-interval", save_every]
+    # one node; trainer and SGLang share the GPUs (colocated), as in labkit. labkit's engine
+    # sleep (KV cache and weights released while the trainer runs) is miles' rollout offload
     a += ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", str(gpus),
           "--num-gpus-per-node", str(gpus), "--colocate", "--rollout-num-gpus-per-engine", "1",
-          "--sglang-mem-fraction-static", _num(cfg.rollout_gpu_memory_fraction)]
+          "--sglang-mem-fraction-static", _num(cfg.rollout_gpu_memory_fraction),
+          "--offload-rollout" if cfg.rollout_sleep else "--no-offload-rollout"]
     # Megatron: no dropout (trainer log-probs must match the engine's), fp32 reductions
     a += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0",
           "--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32"]
+    return a
+
+
+def _training_flags(cfg: RunConfig) -> list[str]:
+    """The update's flags: batches, AdamW at a constant learning rate (as labkit's
+    trainer), recomputation."""
+    a = ["--global-batch-size", str(cfg.global_batch_size),
+         "--micro-batch-size", str(cfg.micro_batch_size)]
+    if cfg.use_dynamic_batch_size:  # miles ignores --micro-batch-size then, as labkit does
+        # Both cap a pass's tokens; labkit counts padded ones (rows x longest), miles the
+        # sum of the samples' own lengths, so miles' passes hold at least as many samples.
+        a += ["--use-dynamic-batch-size", "--max-tokens-per-gpu", str(cfg.max_tokens_per_gpu)]
+    a += ["--optimizer", "adam", "--lr", _num(cfg.lr), "--lr-decay-style", "constant",
+          "--adam-beta1", _num(cfg.adam_beta1), "--adam-beta2", _num(cfg.adam_beta2),
+          "--weight-decay", _num(cfg.weight_decay), "--clip-grad", _num(cfg.clip_grad),
+          "--seed", str(cfg.seed)]
+    if cfg.gradient_checkpointing:
+        a += ["--recompute-granularity", "full", "--recompute-method", "uniform",
+              "--recompute-num-layers", "1"]
     return a
 
 

@@ -2,12 +2,13 @@
 
 `read_miles_log` turns what a miles run printed (or its wandb history export) into the frame
 labkit's own runs give, so the lessons' tables and plots (labkit.analysis) read both. The
-log lines, each `logger.info(f"{kind} {id}: {log_dict}")`, as radixark/miles writes them:
-`perf N` and `eval N` from `miles/ray/rollout/metrics.py`
-@ 0174ab47d235f96c406b05e8133bf6cb50f5db2a; `rollout N` and `step N` from
-`miles/backends/training_utils/log_utils.py` @ 03384eb3f913f4228ec0b6deaeba710990fa7d1b; the
-trainer's `perf N` from `miles/utils/train_metric_utils.py`
-@ 69c7b28b440fa9be6cfb50e399d889b235a8d590. The dicts are parsed as literals, never evaluated.
+log lines, each `logger.info(f"{kind} {id}: {log_dict}")`, as radixark/miles main
+@ 31f1ca961a94 writes them (the commit after a file is the last to change it):
+`perf N` and `eval N` from `miles/ray/rollout/metrics.py` (03d4770ecb97); `rollout N` and
+`step N` from `miles/backends/training_utils/log_utils.py` (d0e8e7c6444c); the trainer's
+`perf N` from `miles/utils/train_metric_utils.py` (d0e8e7c6444c). The dicts are parsed as
+literals, never evaluated. Where miles' names or meanings differ from labkit's, the table
+in labkit.metrics' docstring says how, and `to_labkit_metrics` follows it.
 
 miles has no heat guard, so its steps carry `heat/clean` = NaN (not recorded). The
 analysis treats such a run as all clean: no heat pause can have touched a step of a run
@@ -206,7 +207,8 @@ def to_labkit_metrics(step: int, m: dict, t: dict, config: dict) -> dict[str, fl
     """One step in labkit's metric names (labkit.metrics) from miles' rollout-side metrics
     `m`, the step's optimizer-step means `t` and the run's config; NaN where miles logs no
     equivalent (heat/*, perf/reward_time, ...)."""
-    p, n = config.get("rollout_batch_size"), config.get("n_samples_per_prompt")
+    p, n, g = (config.get(k) for k in
+               ("rollout_batch_size", "n_samples_per_prompt", "global_batch_size"))
     out = dict.fromkeys(METRICS, math.nan)
     out[STEP] = step
     out["rollout/raw_reward"] = _pick(m, "rollout/raw_reward", "rollout/episode_raw_reward")
@@ -220,11 +222,16 @@ def to_labkit_metrics(step: int, m: dict, t: dict, config: dict) -> dict[str, fl
         out["rollout/n_prompts"], out["rollout/n_samples_per_prompt"] = p, n
         out["rollout/tokens"] = out["rollout/response_len/mean"] * p * n
         out["perf/tokens_per_s"] = out["rollout/tokens"] / out["perf/rollout_time"]
-    out["train/loss"] = _pick(t, "train/pg_loss", "train/loss")  # labkit's is the policy loss
-    for name in ("train/pg_clipfrac", "train/ppo_kl", "train/kl_loss", "train/grad_norm",
-                 "train/steps", "train/train_rollout_logprob_abs_diff"):
+    if p and n and g and p * n // g > 1:  # labkit's update then has the old-log-prob pass
+        out["perf/actor_train_time"] += m.get("perf/log_probs_time", 0.0)
+    # both are the loss minimised (KL and entropy terms included), not miles' train/pg_loss
+    for name in ("train/loss", "train/pg_clipfrac", "train/ppo_kl", "train/kl_loss",
+                 "train/grad_norm", "train/steps", "train/train_rollout_logprob_abs_diff"):
         out[name] = _pick(t, name)
-    out["train/entropy"] = _pick(t, "train/entropy_loss", "train/entropy")
+    # miles logs a zero entropy when it does not compute one (entropy coef 0 without
+    # --observe-training-entropy); a policy's mean token entropy is never exactly 0
+    entropy = _pick(t, "train/entropy_loss", "train/entropy")
+    out["train/entropy"] = math.nan if entropy == 0 else entropy
     out["train/lr"] = _pick(t, "train/lr", *sorted(k for k in t if k.startswith("train/lr-")))
     out["eval/accuracy"] = _eval_accuracy(m)
     return out  # heat/clean stays NaN: miles has no heat guard (see the module docstring)
