@@ -56,7 +56,7 @@ def main() -> int:
     result = {"command": " ".join(sys.argv), "first": timed_launch(cfg)}
     rerun = cfg.replace(run_name="rerun", n_samples_per_prompt=a.rerun_answers,
                         global_batch_size=cfg.rollout_batch_size * a.rerun_answers,
-                        num_rollout=a.rerun_steps, eval_split_size=0)
+                        num_rollout=a.rerun_steps)  # same held-out set: its start is reused
     result["rerun"] = timed_launch(rerun)
     Path(a.result).write_text(json.dumps(result, indent=2))
     for name in ("first", "rerun"):

@@ -41,7 +41,7 @@ PY
       setsid nohup bash scripts/gpu/solo.sh > /dev/null 2>&1 < /dev/null & echo $! > "$SOLO/pid" )
   for g in $(seq 1 $((NG - 1))); do
     for q in $(seq 1 "${QUEUES:-2}"); do
-      ( cd "$F" && CUDA_VISIBLE_DEVICES=$g setsid nohup python scripts/gpu/queue.py \
+      ( cd "$F" && CUDA_VISIBLE_DEVICES=$g setsid nohup python scripts/gpu/queue_runs.py \
           --plan "${PLAN:-held-out}" --model "$M" --data "$D" --runs-dir "$R" --name "gpu$g-q$q" \
           >> "$R/queue-gpu$g-q$q.log" 2>&1 < /dev/null & )
       sleep 25
@@ -50,7 +50,7 @@ PY
   echo "started: solo on GPU 0, ${QUEUES:-2} queues on each of GPUs 1..$((NG - 1))" > "$OUT/logs/start.log"
 fi
 if [ "$MODE" = stop ]; then  # SIGTERM: each run stops after its step, its log complete
-  pkill -TERM -f scripts/gpu/queue.py; pkill -TERM -f "labkit launch"; pkill -TERM -f benchmarks/bench_
+  pkill -TERM -f scripts/gpu/queue_runs.py; pkill -TERM -f "labkit launch"; pkill -TERM -f benchmarks/bench_
   sleep 45
 fi
 while [ "$MODE" != stop ] && [ "$(left)" -gt 25 ] && pgrep -f "scripts/gpu/(queue|solo)" > /dev/null; do sleep 5; done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU to itself, one job after another, then two run queues on it (queue.py):
+# One GPU to itself, one job after another, then two run queues on it (queue_runs.py):
 #   bench_vllm      labkit's vLLM engine against raw vLLM (seeds, log-probs), one engine
 #   recipe_rerun    the recipe, synchronous, seed 1, timed alone; then a rerun in the same
 #                   process with 4 answers (benchmarks/bench_rerun.py): start-up cold and kept
@@ -49,7 +49,7 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
 done
 say "jobs done; ${QUEUES:-2} run queues on GPU $CUDA_VISIBLE_DEVICES"
 for q in $(seq 1 "${QUEUES:-2}"); do
-  python scripts/gpu/queue.py --model "$M" --data "$D" --runs-dir "$R" --name "gpu$GPU-q$q" \
+  python scripts/gpu/queue_runs.py --model "$M" --data "$D" --runs-dir "$R" --name "gpu$GPU-q$q" \
     >> "$R/queue-gpu$GPU-q$q.log" 2>&1 &
   sleep 25  # vLLM measures memory at start: let the first engine settle
 done

@@ -8,7 +8,7 @@ plan through claim files (`<runs-dir>/.claims/<run>`, created exclusively), so t
 with two queues each work through one list. A run already completed in --runs-dir or in
 the repository's data/runs/ is skipped: a later session runs only what is missing.
 
-    CUDA_VISIBLE_DEVICES=1 python scripts/gpu/queue.py --plan held-out --model M.gguf \\
+    CUDA_VISIBLE_DEVICES=1 python scripts/gpu/queue_runs.py --plan held-out --model M.gguf \\
         --data gsm8k-folder --runs-dir $HOME/runs --name gpu1-a
 """
 
@@ -24,7 +24,7 @@ import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parents[1])]  # plans.py, and this checkout's labkit
+sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # this checkout's labkit, and plans.py
 
 from plans import COMMON, PLANS  # noqa: E402
 
