@@ -14,7 +14,11 @@ KV cache and batch are the same for every variant:
 * `raw_plain`: llm.generate with one SamplingParams, no seed and no log-probs: the fastest
   vLLM rollout, against which `labkit` is read.
 
-The variants take turns (one round = one rollout of each), so drift hits them alike.
+The variants take turns (one round = one rollout of each), so drift hits them alike, and
+in round k every variant samples with seed + k (labkit resets vLLM's generator to the
+rollout's seed; the raw variants get the same reset): all but `labkit_seeded` then write
+the very same answers, so their times differ by what they ask of vLLM, not by how long
+the answers happened to be (a rollout takes as long as its longest answer).
 
 Then it loads the trainer's copy of the model (float32 master weights, bf16 autocast on a
 GPU, as labkit.trainer does), runs the colocated cycle three times (sleep, update_weights,
@@ -69,13 +73,15 @@ def make_prompts(tokenizer, n: int, seed: int) -> list[list[int]]:
     return [prompt_token_ids(tokenizer, p.question) for p in synthetic_problems(n, steps=2, seed=seed)]
 
 
-def summarize(name: str, seconds: list[float], tokens: list[int]) -> dict:
+def summarize(name: str, seconds: list[float], lengths: list[list[int]]) -> dict:
     """Median time and tokens/s of one variant's timed rollouts; prints one line."""
     med = statistics.median(seconds)
+    tokens = [sum(x) for x in lengths]
+    longest = [max(x) for x in lengths]
     mean_tokens = statistics.mean(tokens)
-    result = {"seconds": seconds, "median_seconds": med, "tokens": tokens,
+    result = {"seconds": seconds, "median_seconds": med, "tokens": tokens, "longest": longest,
               "tokens_per_s": mean_tokens / med}
-    print(f"{name:10s} median {med:7.2f} s  {mean_tokens:9.0f} tokens  "
+    print(f"{name:13s} median {med:7.2f} s  {mean_tokens:9.0f} tokens  longest {longest}  "
           f"{result['tokens_per_s']:9.0f} tokens/s  (runs: {', '.join(f'{s:.2f}' for s in seconds)})",
           flush=True)
     return result
@@ -85,21 +91,21 @@ def time_rollouts(variants: dict, repeats: int) -> dict:
     """Each variant once untimed (warm-up), then `repeats` rounds of all variants in turn.
 
     Interleaving puts every variant through the same drift (clocks, temperature, allocator
-    state) instead of giving the first one the freshest engine. Each `run()` returns the
-    number of tokens it wrote.
+    state) instead of giving the first one the freshest engine. `run(k)` writes round k's
+    rollout and returns the length of each answer.
     """
     for run in variants.values():
-        run()
+        run(-1)
     seconds = {name: [] for name in variants}
-    tokens = {name: [] for name in variants}
-    for _ in range(repeats):
+    lengths = {name: [] for name in variants}
+    for k in range(repeats):
         for name, run in variants.items():
             start = time.perf_counter()
-            tokens[name].append(run())
+            lengths[name].append(run(k))
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             seconds[name].append(time.perf_counter() - start)
-    return {name: summarize(name, seconds[name], tokens[name]) for name in variants}
+    return {name: summarize(name, seconds[name], lengths[name]) for name in variants}
 
 
 def bench_generation(engine, prompts: list[list[int]], args) -> dict:
@@ -108,25 +114,26 @@ def bench_generation(engine, prompts: list[list[int]], args) -> dict:
 
     from labkit.engines.base import Sampling
 
-    base = dict(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
-    default = Sampling(**base, logprobs_for=4)
-    all_lp = Sampling(**base)
-    seeded = Sampling(**base, seed_each_answer=True)
+    base = dict(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens)
     requests = [{"prompt_token_ids": p} for p in prompts]
+    all_lp = Sampling(**base)
     same_all = [engine.sampling_params(all_lp, i) for i in range(len(prompts))]
     plain = SamplingParams(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens)
 
-    def labkit_run(sampling):
-        return sum(len(c.token_ids) for g in engine.generate(prompts, sampling) for c in g)
+    def labkit_run(k: int, **kw) -> list[int]:
+        out = engine.generate(prompts, Sampling(**base, seed=args.seed + k, **kw))
+        return [len(c.token_ids) for g in out for c in g]
 
-    def raw(params):
+    def raw(k: int, params) -> list[int]:
+        torch.manual_seed(args.seed + k)  # as labkit does before a rollout
         outs = engine.llm.generate(requests, params, use_tqdm=False)
-        return sum(len(c.token_ids) for o in outs for c in o.outputs)
+        return [len(c.token_ids) for o in outs for c in o.outputs]
 
     result = time_rollouts({
-        "labkit": lambda: labkit_run(default), "labkit_all_lp": lambda: labkit_run(all_lp),
-        "labkit_seeded": lambda: labkit_run(seeded), "raw_same_all": lambda: raw(same_all),
-        "raw_plain": lambda: raw(plain),
+        "labkit": lambda k: labkit_run(k, logprobs_for=4),
+        "labkit_all_lp": lambda k: labkit_run(k),
+        "labkit_seeded": lambda k: labkit_run(k, seed_each_answer=True),
+        "raw_same_all": lambda k: raw(k, same_all), "raw_plain": lambda k: raw(k, plain),
     }, args.repeats)
     for a, b in (("labkit", "raw_plain"), ("labkit_all_lp", "raw_same_all"),
                  ("labkit_seeded", "labkit_all_lp"), ("labkit_all_lp", "labkit")):

@@ -122,8 +122,9 @@ class RunConfig:
         "--micro-batch-size samples (fewer, fuller passes; same gradient)", "training"
     )
     max_tokens_per_gpu: int = _f(
-        8192, "padded tokens per micro-batch with --use-dynamic-batch-size (memory knob)",
-        "training",
+        12288, "padded tokens per micro-batch with --use-dynamic-batch-size (memory knob). "
+        "The recipe's update on an H200: 8,192 -> 3.3 s, 36 GiB; 12,288 -> 2.9 s, 49 GiB; "
+        "16,384 -> 2.7 s, 62 GiB, too close to a full card beside vLLM", "training",
     )
     lr: float = _f(1e-6, "AdamW learning rate", "training")
     adam_beta1: float = _f(0.9, "AdamW beta1", "training")

@@ -82,6 +82,7 @@ class Session:
     startup: dict = field(default_factory=dict)  # perf/startup_* of this process's first step
     prefetched: dict = field(default_factory=dict)  # --overlap-rollout: step -> its rollout
     policy_key: tuple = ()  # what the kept policy is (its starting-point results are cached)
+    train_stream: object = None  # --overlap-rollout on a GPU: the update's CUDA stream
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -238,7 +239,7 @@ def update_while_generating(s: Session, rollout: Rollout, advantages: torch.Tens
     Returns (stats, batch, update seconds, seconds the two ran side by side)."""
     def timed_update():
         start = time.perf_counter()
-        with _train_stream():
+        with _train_stream(s):
             out = update_policy(s, rollout, advantages, step)
         return out, time.perf_counter() - start
 
@@ -255,12 +256,16 @@ def update_while_generating(s: Session, rollout: Rollout, advantages: torch.Tens
 
 
 @contextlib.contextmanager
-def _train_stream():
-    """A CUDA stream of its own for the update, so its kernels can run beside vLLM's."""
+def _train_stream(s: Session):
+    """A CUDA stream of the update's own, so its kernels can run beside vLLM's. One per run:
+    torch caches freed memory per stream, so a new stream every step would strand the last
+    one's cache (seen on an H200: 37 GiB reserved but unusable, then out of memory at step 22)."""
     if not torch.cuda.is_available():
         yield
         return
-    with torch.cuda.stream(torch.cuda.Stream()):
+    if s.train_stream is None:
+        s.train_stream = torch.cuda.Stream()
+    with torch.cuda.stream(s.train_stream):
         yield
 
 

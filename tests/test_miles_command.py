@@ -16,7 +16,7 @@ RECIPE_FLAGS = {
     "--num-rollout": "${MILES_NUM_ROLLOUT:-24}", "--rollout-max-response-len": "1024",
     "--rollout-temperature": "1.0", "--rollout-top-p": "1.0", "--rollout-top-k": "-1",
     "--rollout-seed": "1234", "--global-batch-size": "256", "--micro-batch-size": "8",
-    "--use-dynamic-batch-size": True, "--max-tokens-per-gpu": "8192", "--optimizer": "adam",
+    "--use-dynamic-batch-size": True, "--max-tokens-per-gpu": "12288", "--optimizer": "adam",
     "--lr": "1e-06", "--lr-decay-style": "constant", "--adam-beta1": "0.9",
     "--adam-beta2": "0.98", "--weight-decay": "0.1", "--clip-grad": "1.0", "--seed": "1234",
     "--advantage-estimator": "grpo", "--eps-clip": "0.2", "--eps-clip-high": "0.28",
@@ -165,7 +165,7 @@ def test_default_differences_side_by_side():
     assert rows["--eps-clip-high"] == (0.28, None)
     assert rows["--num-rollout"] == (24, None)
     assert rows["--use-dynamic-batch-size"] == (True, False)
-    assert rows["--max-tokens-per-gpu"] == (8192, None)
+    assert rows["--max-tokens-per-gpu"] == (12288, None)
     for same in ("--lr", "--eps-clip", "--seed", "--clip-grad", "--kl-loss-coef", "--kl-loss-type",
                  "--rollout-top-k", "--offload-rollout"):
         assert same not in rows  # equal, or not passed (KL type at KL weight 0)

@@ -17,7 +17,7 @@ import json
 import shutil
 from pathlib import Path
 
-FILES = ["config.json", "metrics.jsonl", "samples.jsonl", "heat.jsonl", "status.json"]
+FILES = ["config.json", "metrics.jsonl", "samples.jsonl", "heat.jsonl", "eval.jsonl", "status.json"]
 DATA_NAME = "gsm8k (local copy of openai/gsm8k main)"
 
 

@@ -6,7 +6,8 @@ engine and the starting model's held-out accuracy that the previous run left up
 (labkit.engines.keep): about a minute saved per run on an H200. Several queues share a
 plan through claim files (`<runs-dir>/.claims/<run>`, created exclusively), so two GPUs
 with two queues each work through one list. A run already completed in --runs-dir or in
-the repository's data/runs/ is skipped: a later session runs only what is missing.
+the repository's data/runs/ is skipped: a later session runs only what is missing. A file
+`<runs-dir>/.stop` (session.sh stop writes it) ends every queue after its current run.
 
     CUDA_VISIBLE_DEVICES=1 python scripts/gpu/queue_runs.py --plan held-out --model M.gguf \\
         --data gsm8k-folder --runs-dir $HOME/runs --name gpu1-a
@@ -62,6 +63,9 @@ def run_queue(a: argparse.Namespace) -> int:
 
     runs_dir = Path(a.runs_dir)
     for name, flags in PLANS[a.plan].items():
+        if (runs_dir / ".stop").exists():
+            say(a.name, "asked to stop: claiming no more runs")
+            break
         if completed(runs_dir / name) or completed(DONE_ELSEWHERE / name):
             continue
         if not claim(runs_dir, name):
@@ -74,10 +78,7 @@ def run_queue(a: argparse.Namespace) -> int:
         start = time.time()
         try:
             run = labkit.launch(config_from_args(argv, env={}))
-            reason = run.status["reason"]
-            say(a.name, f"{name} {reason} in {time.time() - start:.0f} s")
-            if reason in ("signal", "time_limit"):  # asked to stop: claim nothing more
-                break
+            say(a.name, f"{name} {run.status['reason']} in {time.time() - start:.0f} s")
         except Exception:  # one failed run must not stop the queue
             say(a.name, f"{name} failed after {time.time() - start:.0f} s:\n{traceback.format_exc()}")
     say(a.name, "queue done")

@@ -18,6 +18,7 @@ R=$HOME/runs
 SOLO=$HOME/solo
 export LABKIT_CACHE=${LABKIT_CACHE:-$HOME/labkit-cache}
 mkdir -p "$OUT/logs" "$R" "$SOLO"
+[ "$MODE" = start ] && rm -f "$R/.stop"
 T0=$(date +%s)
 left() { echo $(( WAIT - ($(date +%s) - T0) )); }
 
@@ -29,7 +30,6 @@ print("python", platform.python_version(), "torch", torch.__version__, "transfor
 print("gpus", torch.cuda.device_count(), torch.cuda.get_device_name(0))
 PY
   sha256sum "$M" >> "$OUT/logs/versions.txt"
-  git log -1 --format='code: %H %s' >> "$OUT/logs/versions.txt" 2>/dev/null
   python -c "from labkit.models import resolve_model; print(resolve_model('$M'))" > "$OUT/logs/dequantize.log" 2>&1
   echo "dequantize: $(( $(date +%s) - T0 )) s" >> "$OUT/logs/versions.txt"
   NG=$(python -c "import torch; print(torch.cuda.device_count())")
@@ -50,6 +50,7 @@ PY
   echo "started: solo on GPU 0, ${QUEUES:-2} queues on each of GPUs 1..$((NG - 1))" > "$OUT/logs/start.log"
 fi
 if [ "$MODE" = stop ]; then  # SIGTERM: each run stops after its step, its log complete
+  touch "$R/.stop"  # and no queue claims another run
   pkill -TERM -f scripts/gpu/queue_runs.py; pkill -TERM -f "labkit launch"; pkill -TERM -f benchmarks/bench_
   sleep 45
 fi
