@@ -13,10 +13,10 @@ from fixtures_runs import CLEAN_N4, write_course_runs
 from public_faces import assert_reexports, names_used_in_notebooks
 from labkit import analysis, metrics
 from labkit.analysis import plots
-from labkit.analysis import costs, gains, runframe, table
+from labkit.analysis import costs, gains, heldout, runframe, table
 
 def test_public_names_are_the_home_modules():
-    assert_reexports(analysis, (metrics, runframe, gains, costs, table, plots))
+    assert_reexports(analysis, (metrics, runframe, gains, heldout, costs, table, plots))
 
 
 def test_names_the_notebooks_use_are_listed():

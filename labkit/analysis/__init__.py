@@ -8,6 +8,8 @@ face re-exports it:
   run and step), with the heat columns that say which steps are clean;
 * labkit.analysis.gains: `run_gains`, `group_gains`, the bootstrap interval and `inside_one_range`
   (is every gain inside the seed spread of the reference group size?);
+* labkit.analysis.heldout: `heldout_gains`, `group_heldout`, GSM8K test accuracy before and
+  after training (eval.jsonl), per run and per setting;
 * labkit.analysis.costs: `common_clean_steps` and `run_costs`, the median rollout time over the
   step numbers clean in every compared run;
 * labkit.analysis.table: `compare`, the course's table as display strings, `render_table`, and
@@ -21,6 +23,7 @@ from __future__ import annotations
 from labkit.analysis.table import (check_comparable, compare, drop_unfinished, refuse_mixed_settings,
                                      render_table)
 from labkit.analysis.costs import common_clean_steps, run_costs
+from labkit.analysis.heldout import group_heldout, heldout_gains, read_evaluations
 from labkit.analysis.gains import (EARLY, LATE, REFERENCE, Verdict, bootstrap_gain, group_gains,
                           inside_one_range, run_gains, window_rewards)
 from labkit.analysis.plots import (plot_all, response_length_curve, reward_curve,
@@ -39,6 +42,8 @@ __all__ = [
     # the gain (labkit.analysis.gains)
     "run_gains", "group_gains", "window_rewards", "bootstrap_gain", "inside_one_range", "Verdict",
     "EARLY", "LATE", "REFERENCE",
+    # held-out accuracy (labkit.analysis.heldout)
+    "heldout_gains", "group_heldout", "read_evaluations",
     # the cost (labkit.analysis.costs)
     "common_clean_steps", "run_costs",
     # the table and the command (labkit.analysis.table)

@@ -34,7 +34,7 @@ def import_run(src: Path, dest_root: Path, model_name: str) -> Path:
             continue
         if name == "config.json":
             cfg = json.loads((src / name).read_text())
-            cfg.update(model=model_name, data=DATA_NAME, output_dir="runs")
+            cfg.update(model=model_name, data=DATA_NAME, output_dir="runs", run_name=dest.name)
             (dest / name).write_text(json.dumps(cfg, indent=2) + "\n")
         elif name == "samples.jsonl":
             rows = [json.loads(line) for line in (src / name).read_text().splitlines() if line.strip()]
@@ -48,7 +48,7 @@ def import_run(src: Path, dest_root: Path, model_name: str) -> Path:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("runs", nargs="+", type=Path)
+    p.add_argument("runs", nargs="+", type=Path, help="run folders; each keeps its folder name")
     p.add_argument("--dest", type=Path, default=Path("data/runs"))
     p.add_argument("--model", required=True, help="the model's name to write in config.json")
     a = p.parse_args()
