@@ -119,7 +119,7 @@ def course_root(start: Optional[Path] = None) -> Path:
     for folder in (here, *here.parents):
         if (folder / "notebooks").is_dir() and (folder / "labkit").is_dir():
             return folder
-    return Path(__file__).resolve().parents[1]
+    return Path(__file__).resolve().parents[2]
 
 
 def runs_dir(env: Optional[Mapping[str, str]] = None) -> Path:
