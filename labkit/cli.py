@@ -233,7 +233,7 @@ def compare(a: argparse.Namespace) -> int:
             runs = analysis.drop_unfinished(analysis.load_runs(a.runs))
             if not a.mixed:
                 analysis.refuse_mixed_settings(runs)
-            table = analysis.compare(runs, reference=a.reference)
+            table = analysis.compare(runs, reference=a.reference, mixed=a.mixed)
         except analysis.AnalysisError as e:
             print(f"labkit compare: {e}", file=sys.stderr)
             return 2
