@@ -85,7 +85,7 @@ def train(cfg: RunConfig, *, resume: str | Path | None = None, engine: Engine | 
     if resume is not None:
         first_step = restore(s, first_step)
     reason, message, last = "completed", "", first_step - 1
-    bar = _progress(cfg, first_step)
+    bar = _progress(s, first_step)
     try:
         with stopper, s.guard:
             for step in range(first_step, cfg.num_rollout):
@@ -296,6 +296,7 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
     engine = engine or make_engine(cfg, path, policy, tokenizer)
     engine.log_to(log.dir)  # e.g. the HTTP client's failed attempts, in client.jsonl
     guard = guard or make_guard(cfg.heat_pause_c, cfg.heat_resume_c)
+    log.add_to_config(heat_guard=guard.state)  # "off: no GPU" is said nowhere else
     return Session(cfg, log, policy, tokenizer, engine, make_optimizer(policy, cfg), problems,
                    eval_problems, reward_fn, guard, autocast, ref, stop_token_ids(tokenizer, policy),
                    owns_engine=owns_engine)
@@ -347,17 +348,17 @@ def _timer(timers: dict, name: str):
         timers[name] = time.perf_counter() - t
 
 
-def _progress(cfg: RunConfig, first: int):
-    if not cfg.progress:
+def _progress(s: Session, first: int):
+    """The bar over the steps, which also shows the rollout's answers and the update's
+    micro-batches of the step in progress (labkit.progress); None with --no-progress."""
+    if not s.cfg.progress:
         return None
-    from tqdm.auto import tqdm
+    from labkit.progress import StepProgress
 
-    return tqdm(total=cfg.num_rollout, initial=first, desc="GRPO steps", unit="step")
+    return StepProgress(s.cfg.num_rollout, first, engine=s.engine, policy=s.policy,
+                        samples=s.cfg.samples_per_rollout)
 
 
 def _advance(bar, metrics: dict) -> None:
-    if bar is None:
-        return
-    bar.set_postfix(reward=f"{metrics['rollout/raw_reward']:.3f}",
-                    rollout_s=f"{metrics['perf/rollout_time']:.1f}")
-    bar.update(1)
+    if bar is not None:
+        bar.advance(metrics)
