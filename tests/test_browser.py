@@ -198,3 +198,11 @@ def _keep_screenshot(path: Path) -> None:
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
         shutil.copy(path, Path(folder) / path.name)
+
+
+def test_a_missing_browser_is_named_for_the_skip(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", "/nonexistent/chromium")
+    assert _missing() == "no chromium (Debian: apt-get install -y chromium)"
+    monkeypatch.setitem(sys.modules, "playwright.sync_api", None)  # import -> ImportError
+    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", sys.executable)  # a file that exists
+    assert _missing() == "no playwright (pip install playwright)"
