@@ -1,4 +1,4 @@
-"""The run's progress bar: the steps, and inside a step where it is (rollout, then update).
+"""The run's progress bar, down to the phase of the step in progress.
 
 Why: on a CPU one step of a lesson's run takes a minute or more, and a bar that counts only
 steps sits at 0/1 all that time, which looks like a hang. So the bar's one line also says
