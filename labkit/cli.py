@@ -305,9 +305,11 @@ def students(a: argparse.Namespace) -> int:
         print(f"labkit students: {e}", file=sys.stderr)
         return 2
     if kept:
-        print(f"labkit students: kept {len(kept)} copies that were edited since labkit wrote "
-              f"them: {', '.join(str(p) for p in kept)}; they may hold a student's answers. "
-              f"Move them away, or pass --force to overwrite them", file=sys.stderr)
+        one = len(kept) == 1
+        print(f"labkit students: kept {len(kept)} {'copy' if one else 'copies'} edited since "
+              f"labkit wrote {'it' if one else 'them'}: {', '.join(str(p) for p in kept)}; "
+              f"{'it' if one else 'they'} may hold a student's answers. Move "
+              f"{'it' if one else 'them'} away, or pass --force to overwrite", file=sys.stderr)
         return 1
     return 0
 
