@@ -177,6 +177,11 @@ def test_run_all_on_a_students_copy_runs_every_cell(lab, tmp_path):
             page.wait_for_timeout(1000)  # the last outputs render
             page.screenshot(path=str(tmp_path / "run-all.png"), full_page=True)
             _keep_screenshot(tmp_path / "run-all.png")
+            plot = page.query_selector(".jp-OutputArea-output img")
+            if plot is not None:
+                plot.scroll_into_view_if_needed()
+                plot.screenshot(path=str(tmp_path / "plot.png"))
+                _keep_screenshot(tmp_path / "plot.png")
             prompts = _prompts(page)
             outputs = page.inner_text(".jp-Notebook")
             images = page.eval_on_selector_all(
@@ -189,7 +194,7 @@ def test_run_all_on_a_students_copy_runs_every_cell(lab, tmp_path):
     assert len(pngs) == figures >= 1 and all(width > 0 for width in pngs), images
     assert len(unsolved) == 3
     for id in unsolved:
-        assert f"Exercise {id}: not answered yet. Replace the None" in outputs
+        assert f"Exercise {id}: not answered yet.\n" in outputs
     assert "Traceback" not in outputs and "ExerciseError" not in outputs
 
 

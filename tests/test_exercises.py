@@ -25,11 +25,16 @@ NOTEBOOKS = REPO / "notebooks"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+def flat(text: str) -> str:
+    """Text with its line breaks and indents as single spaces (the verdict is wrapped)."""
+    return " ".join(text.split())
+
+
 def wrong(id: str, answer, **given) -> str:
-    """The line a check cell shows for a wrong `answer` (it must be wrong)."""
-    right, line = exercises.verdict(id, answer, **given)
-    assert not right, line
-    return line
+    """What a check cell shows for a wrong `answer` (it must be wrong), on one line."""
+    right, text = exercises.verdict(id, answer, **given)
+    assert not right, text
+    return flat(text)
 
 
 @pytest.fixture()
@@ -52,7 +57,9 @@ def test_check_prints_the_verdict(capsys):
 
 def test_unanswered_prints_a_nudge_and_does_not_raise(capsys):
     check("1.1.2", None, prompts=32, answers=16)  # a check cell never stops Run All
-    line = capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.split("\n")[0] == "Exercise 1.1.2: not answered yet."
+    line = flat(out)
     assert line.startswith("Exercise 1.1.2: not answered yet. Replace the None")
     assert "counts every answer of a rollout" in line  # the nudge
     assert "rollout_batch_size * 16" not in line  # not the code
@@ -60,7 +67,10 @@ def test_unanswered_prints_a_nudge_and_does_not_raise(capsys):
 
 def test_a_wrong_answer_prints_what_is_wrong_and_the_hint(capsys):
     check("1.1.2", 16, prompts=32, answers=16)
-    line = capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert all(len(row) <= 88 for row in out.split("\n"))  # wrapped at words, not by the browser
+    assert any(row.startswith("  Hint: ") for row in out.split("\n")[1:])
+    line = flat(out)
     assert line.startswith("Exercise 1.1.2: not yet. 16 is the group size")
     assert "recipe.rollout_batch_size * 16" in line
 
@@ -68,7 +78,7 @@ def test_a_wrong_answer_prints_what_is_wrong_and_the_hint(capsys):
 def test_grading_raises_for_wrong_and_missing_answers(graded, capsys):
     with pytest.raises(ExerciseError, match=r"^Exercise 1\.1\.2: not answered yet"):
         check("1.1.2", None, prompts=32, answers=16)
-    with pytest.raises(ExerciseError, match=r"^Exercise 1\.1\.2: not yet\. 16 is the group size"):
+    with pytest.raises(ExerciseError, match=r"^Exercise 1\.1\.2: not yet\. 16 is the group\s+size"):
         check("1.1.2", 16, prompts=32, answers=16)
     check("1.1.2", 512, prompts=32, answers=16)
     assert capsys.readouterr().out == "Exercise 1.1.2: correct.\n"
@@ -84,7 +94,7 @@ def test_grading_follows_the_environment():
 def test_the_first_message_nudges_without_the_code(id):
     ex = exercises.EXERCISES[id]
     right, line = exercises.verdict(id, None)
-    assert not right and ex.nudge in line and ex.hint not in line
+    assert not right and ex.nudge in flat(line) and ex.hint not in flat(line)
     # the code in the hint: calls, products, flags with their value
     code = re.findall(r"[\w.]+\([^)]*\)|\w+\s*\*\s*\d+|--[\w-]+ \d+", ex.hint)
     assert code, f"the hint of {id} shows no code"
@@ -93,7 +103,7 @@ def test_the_first_message_nudges_without_the_code(id):
 
 def test_an_answer_the_grader_cannot_handle_is_a_line_not_a_traceback(tmp_path, capsys):
     check("1.2.2", 3, log=tmp_path / "missing.jsonl", gap=1)
-    line = capsys.readouterr().out
+    line = flat(capsys.readouterr().out)
     assert line.startswith("Exercise 1.2.2: not yet. This answer could not be graded")
 
 
@@ -470,7 +480,7 @@ def test_lesson_1_1_first_check_fails_unsolved_in_the_students_copy(graded, caps
             exec(compile("".join(c["source"]), "<cell>", "exec"), namespace)
     finally:
         warnings.formatwarning = saved
-    with pytest.raises(ExerciseError, match=r"Exercise 1\.1\.1: not answered yet.*compute_adv"):
+    with pytest.raises(ExerciseError, match=r"(?s)Exercise 1\.1\.1: not answered yet.*compute_adv"):
         exec(compile("".join(code[first_check]["source"]), "<cell>", "exec"), namespace)
 
 

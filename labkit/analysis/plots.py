@@ -87,7 +87,7 @@ def _caption(runs: pd.DataFrame) -> str:
 
     made_up = [str(r) for r in per_run.index if is_constructed(r)]
     return (f"model {joined('model')} · engine {joined('engine')} · "
-            f"{joined('prompts')} prompts per step · {len(per_run)} runs"
+            f"{joined('prompts')} prompts per step · {len(per_run)} run{'s' * (len(per_run) != 1)}"
             + (f"\nCONSTRUCTED (made up, not measured): {', '.join(made_up)}" if made_up else ""))
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -84,22 +85,33 @@ def grading(env: Optional[dict] = None) -> bool:
 
 
 def verdict(id: str, answer: Any, **given) -> tuple[bool, str]:
-    """(right, the line a check cell shows) for `answer` to exercise `id`; never raises for
-    an answer, whatever it is. Raises KeyError for an unknown exercise id."""
+    """(right, what a check cell shows) for `answer` to exercise `id`: the verdict on the first
+    line, the nudge or hint below it. Never raises for an answer, whatever it is; raises
+    KeyError for an unknown exercise id."""
     if id not in EXERCISES:
         raise KeyError(f"no exercise {id!r}; known: {', '.join(EXERCISES)}")
     ex = EXERCISES[id]
     if answer is None or answer is Ellipsis:
-        return False, (f"Exercise {id}: not answered yet. Replace the None in the cell above "
-                       f"with your answer and run both cells again. Where to start: {ex.nudge}")
+        return False, _lines(f"Exercise {id}: not answered yet.",
+                             "Replace the None in the cell above with your answer, then run "
+                             "both cells again.", f"Where to start: {ex.nudge}")
     try:
         ex.grade(answer, **given)
     except _Wrong as wrong:
-        return False, f"Exercise {id}: not yet. {wrong} Hint: {ex.hint}"
+        return False, _lines(f"Exercise {id}: not yet. {wrong}", f"Hint: {ex.hint}")
     except Exception as e:  # an answer of a shape the grader did not foresee
-        return False, (f"Exercise {id}: not yet. This answer could not be graded "
-                       f"({type(e).__name__}: {e}). Hint: {ex.hint}")
+        return False, _lines(f"Exercise {id}: not yet. This answer could not be graded "
+                             f"({type(e).__name__}: {e}).", f"Hint: {ex.hint}")
     return True, f"Exercise {id}: correct."
+
+
+def _lines(first: str, *more: str, width: int = 88) -> str:
+    """The verdict and what follows it, wrapped at word boundaries (a notebook's output area
+    breaks a long line inside words) and indented under the first line."""
+    return "\n".join(textwrap.fill(text, width, initial_indent="" if i == 0 else "  ",
+                                    subsequent_indent="  ", break_long_words=False,
+                                    break_on_hyphens=False)
+                      for i, text in enumerate((first, *more)))
 
 
 def check(id: str, answer: Any, **given) -> None:
