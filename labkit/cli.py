@@ -100,6 +100,9 @@ def _students_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help=f"folder for the copies (default: SRC/{STUDENTS})")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 when the copies differ from what SRC gives")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite copies that were edited since labkit wrote them (a student's "
+                        "answers are lost)")
 
 
 def _fake_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -230,7 +233,7 @@ def compare(a: argparse.Namespace) -> int:
             runs = analysis.drop_unfinished(analysis.load_runs(a.runs))
             if not a.mixed:
                 analysis.refuse_mixed_settings(runs)
-            table = analysis.compare(runs, reference=a.reference)
+            table = analysis.compare(runs, reference=a.reference, mixed=a.mixed)
         except analysis.AnalysisError as e:
             print(f"labkit compare: {e}", file=sys.stderr)
             return 2
@@ -274,8 +277,9 @@ def serve(a: argparse.Namespace) -> int:
 
 
 def students(a: argparse.Namespace) -> int:
-    """`labkit students [SRC] [--out DIR] [--check]`: write (or check) the students' copies.
-    Returns 0, 1 when --check finds stale copies, 2 for a bad SRC or notebook."""
+    """`labkit students [SRC] [--out DIR] [--check] [--force]`: write (or check) the students'
+    copies. Returns 0; 1 when --check finds stale copies, or when copies a student edited were
+    kept (--force overwrites them); 2 for a bad SRC or notebook."""
     from labkit.course.students import stale_students, student_texts, write_students
 
     src = Path(a.src)
@@ -294,11 +298,19 @@ def students(a: argparse.Namespace) -> int:
                 return 1
             print(f"students' copies up to date ({len(student_texts(src))} notebooks)")
             return 0
-        for path in write_students(src, a.out):
+        written, kept = write_students(src, a.out, force=a.force)
+        for path in written:
             print(f"wrote {path}")
     except (ValueError, json.JSONDecodeError) as e:
         print(f"labkit students: {e}", file=sys.stderr)
         return 2
+    if kept:
+        one = len(kept) == 1
+        print(f"labkit students: kept {len(kept)} {'copy' if one else 'copies'} edited since "
+              f"labkit wrote {'it' if one else 'them'}: {', '.join(str(p) for p in kept)}; "
+              f"{'it' if one else 'they'} may hold a student's answers. Move "
+              f"{'it' if one else 'them'} away, or pass --force to overwrite", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -10,7 +10,10 @@ calls `wait_if_hot(step)` before each rollout and between generation batches; wh
 reading is >= `pause_c` it blocks until the GPU has cooled to <= `resume_c` and returns a `Pause`.
 Pause times are unix seconds, so they compare directly with the step's `time/start`/`time/end`.
 
-Without a GPU or without `nvidia-ml-py` the guard is off: it says so once and never pauses.
+Without `nvidia-ml-py` on a GPU machine the guard is off: it says so once and never pauses.
+Without a GPU it is off and says nothing (there is nothing to watch; the run folder's
+config.json still records `heat_guard: "off: no GPU"`). Notices go through tqdm.write, so
+they print above a progress bar instead of into it.
 Tests drive everything synchronously: inject a fake `clock` and `sleep`, do not `start()` the
 thread, and `wait_if_hot` reads the sensor itself.
 """
@@ -159,8 +162,11 @@ class ScriptedSensor:
 
 # ------------------------------------------------------------------ the guard
 def print_event(kind: str, message: str) -> None:
-    """The default notice: one line on stderr (kind is for callers that route events)."""
-    print(f"heat guard: {message}", file=sys.stderr, flush=True)
+    """The default notice: one line on stderr, above the run's progress bar when one is shown
+    (kind is for callers that route events)."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(f"heat guard: {message}", file=sys.stderr)
 
 
 class HeatGuard:
@@ -172,7 +178,8 @@ class HeatGuard:
     `sleep`: how a pause waits; a fake clock's sleep makes tests instant.
     `max_pause_s`: give up a pause after this long (None: wait as long as it takes).
     `on_event(kind, message)`: notices; default one line on stderr.
-    `sensor=None` makes an off guard (say why with `HeatGuard.off(reason)`).
+    `sensor=None` makes an off guard (say why with `HeatGuard.off(reason)`); `quiet` keeps an
+    off guard from saying so (there is no GPU to watch).
     """
 
     THREAD_NAME = "labkit-heat-sampler"
@@ -189,6 +196,7 @@ class HeatGuard:
         max_pause_s: float | None = None,
         on_event: EventFn | None = None,
         off_reason: str = "no temperature sensor",
+        quiet: bool = False,
     ):
         if resume_c > pause_c:
             raise ValueError(
@@ -207,18 +215,26 @@ class HeatGuard:
         self.latest_c: float | None = None
         self._max_c: float | None = None
         self._lock = threading.Lock()
-        self._said: set[str] = set()
+        self._said: set[str] = {"off"} if quiet else set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def off(cls, reason: str, *, on_event: EventFn | None = None) -> "HeatGuard":
-        """A guard that never pauses; it says `reason` once, on first use."""
-        return cls(None, float("inf"), float("inf"), on_event=on_event, off_reason=reason)
+    def off(cls, reason: str, *, on_event: EventFn | None = None, quiet: bool = False) -> "HeatGuard":
+        """A guard that never pauses; it says `reason` once, on first use (never when `quiet`)."""
+        return cls(None, float("inf"), float("inf"), on_event=on_event, off_reason=reason,
+                   quiet=quiet)
 
     @property
     def enabled(self) -> bool:
         return self.sensor is not None
+
+    @property
+    def state(self) -> str:
+        """"on (pause at 85 C, resume at 75 C)" or "off: <why>", for the run's record."""
+        if self.enabled:
+            return f"on (pause at {self.pause_c:g} C, resume at {self.resume_c:g} C)"
+        return f"off: {self.off_reason}"
 
     # --- sampling -------------------------------------------------------------------
     def sample(self) -> float | None:
@@ -342,18 +358,31 @@ class HeatGuard:
 
 
 def make_guard(
-    pause_c: float, resume_c: float, sensor: Sensor | None = None, **kwargs
+    pause_c: float, resume_c: float, sensor: Sensor | None = None, *,
+    gpu: bool | None = None, **kwargs
 ) -> HeatGuard:
     """A HeatGuard on `sensor`, else on NVML when a GPU is there, else an off guard.
 
+    `gpu`: whether this machine has a GPU (None: ask torch). Without one the guard is off and
+    quiet: nothing can overheat that it could watch, so a CPU run prints nothing about it.
     `kwargs` go to HeatGuard (interval, clock, sleep, max_pause_s, on_event).
     """
     if sensor is None:
+        if not (_gpu_visible() if gpu is None else gpu):
+            return HeatGuard(None, pause_c, resume_c, off_reason="no GPU", quiet=True, **kwargs)
         try:
             sensor = NvmlSensor()
         except SensorUnavailable as e:
             return HeatGuard(None, pause_c, resume_c, off_reason=str(e), **kwargs)
     return HeatGuard(sensor, pause_c, resume_c, **kwargs)
+
+
+def _gpu_visible() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    return bool(torch.cuda.is_available())
 
 
 # ------------------------------------------------------------------ clean steps

@@ -189,6 +189,11 @@ class RunLog:
     def append_eval(self, row: dict) -> None:
         self._append(EVAL, [row])
 
+    def add_to_config(self, **values) -> None:
+        """Record facts the run learned at start (e.g. whether the heat guard is on) in
+        config.json, beside the config; they are not RunConfig fields, so --resume ignores them."""
+        write_json_atomic(self.dir / CONFIG, {**self.config(), **values})
+
     def write_status(self, reason: str, last_step: int, message: str = "", **extra) -> None:
         write_json_atomic(
             self.dir / STATUS,

@@ -99,11 +99,11 @@ def train(cfg: RunConfig, *, resume: str | Path | None = None, engine: Engine | 
     if resume is not None:
         first_step = restore(s, first_step)
     reason, message, last = "completed", "", first_step - 1
-    bar = _progress(cfg, first_step)
+    bar = _progress(s, first_step)
     try:
         with stopper, s.guard:
             if first_step == 0:
-                log_evaluation(s, trained_steps=0)
+                log_evaluation(s, trained_steps=0, bar=bar)
             for step in range(first_step, cfg.num_rollout):
                 why = stopper.should_stop()
                 if why:
@@ -123,7 +123,7 @@ def train(cfg: RunConfig, *, resume: str | Path | None = None, engine: Engine | 
                     save_checkpoint(run_dir, step, s.policy, s.optimizer)
                 _advance(bar, metrics)
                 if step + 1 == cfg.num_rollout or (cfg.eval_interval and (step + 1) % cfg.eval_interval == 0):
-                    log_evaluation(s, trained_steps=step + 1)
+                    log_evaluation(s, trained_steps=step + 1, bar=bar)
     except BaseException as e:  # an engine that died, a second Ctrl-C, a bug
         reason = "interrupted" if isinstance(e, KeyboardInterrupt) else "error"
         message = f"{e.__class__.__name__}: {e}"
@@ -299,12 +299,14 @@ def summarize_step(s: Session, step: int, rollout: Rollout, rewards: torch.Tenso
     }
 
 
-def log_evaluation(s: Session, trained_steps: int) -> dict | None:
+def log_evaluation(s: Session, trained_steps: int, bar=None) -> dict | None:
     """Evaluate the policy after `trained_steps` steps on the held-out problems (none: skip)
     and append the row to eval.jsonl. The starting model's result is computed once per
     process for the same model and problems (a rerun in a notebook need not wait for it)."""
     if not s.eval_problems:
         return None
+    if bar is not None:
+        bar.evaluating(len(s.eval_problems))
     ids = [encode_prompt(s, p) for p in s.eval_problems]
 
     def run() -> dict:
@@ -321,10 +323,11 @@ def log_evaluation(s: Session, trained_steps: int) -> dict | None:
     row = {**row, "eval/trained_steps": trained_steps, "eval/reused": reused, "time/end": time.time()}
     s.log.append_eval(row)
     name = eval_name(s.eval_problems)
-    print(f"labkit: held-out accuracy after {trained_steps} steps: {row[name]:.3f} "
-          f"({name}, {row[name + '_n']} problems, "
-          + ("same start model as before in this process)" if reused
-             else f"{row['perf/eval_time']:.1f} s)"), flush=True)
+    line = (f"labkit: held-out accuracy after {trained_steps} steps: {row[name]:.3f} "
+            f"({name}, {row[name + '_n']} problems, "
+            + ("same start model as before in this process)" if reused
+               else f"{row['perf/eval_time']:.1f} s)"))
+    bar.say(line) if bar is not None else print(line, flush=True)
     return row
 
 
@@ -386,6 +389,7 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
             engine, owns_engine, engine_reused = start_engine(cfg, path, policy, tokenizer)
     engine.log_to(log.dir)  # e.g. the HTTP client's failed attempts, in client.jsonl
     guard = guard or make_guard(cfg.heat_pause_c, cfg.heat_resume_c)
+    log.add_to_config(heat_guard=guard.state)  # "off: no GPU" is said nowhere else
     startup = {f"perf/{k}_time": v for k, v in timers.items()}
     startup.update({f"perf/{k.replace('_seconds', '_time')}": v
                     for k, v in getattr(engine, "stats", {}).items()
@@ -483,17 +487,17 @@ def _timer(timers: dict, name: str):
         timers[name] = time.perf_counter() - t
 
 
-def _progress(cfg: RunConfig, first: int):
-    if not cfg.progress:
+def _progress(s: Session, first: int):
+    """The bar over the steps, which also shows the rollout's answers and the update's
+    micro-batches of the step in progress (labkit.progress); None with --no-progress."""
+    if not s.cfg.progress:
         return None
-    from tqdm.auto import tqdm
+    from labkit.progress import StepProgress
 
-    return tqdm(total=cfg.num_rollout, initial=first, desc="GRPO steps", unit="step")
+    return StepProgress(s.cfg.num_rollout, first, engine=s.engine, policy=s.policy,
+                        samples=s.cfg.samples_per_rollout)
 
 
 def _advance(bar, metrics: dict) -> None:
-    if bar is None:
-        return
-    bar.set_postfix(reward=f"{metrics['rollout/raw_reward']:.3f}",
-                    rollout_s=f"{metrics['perf/rollout_time']:.1f}")
-    bar.update(1)
+    if bar is not None:
+        bar.advance(metrics)

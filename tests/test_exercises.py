@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +17,7 @@ import torch
 from labkit.cli import main as labkit_main
 from labkit.course import exercises, profiles, students
 from labkit.serving.client import RetryPolicy
-from labkit.course.exercises import ExerciseError, check
+from labkit.course.exercises import BEGIN as BEGIN_MARK, ExerciseError, check
 from labkit.course.students import student_notebook, student_source
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,11 +25,28 @@ NOTEBOOKS = REPO / "notebooks"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+def flat(text: str) -> str:
+    """Text with its line breaks and indents as single spaces (the verdict is wrapped)."""
+    return " ".join(text.split())
+
+
 def wrong(id: str, answer, **given) -> str:
-    """The message of the ExerciseError that `answer` raises."""
-    with pytest.raises(ExerciseError) as e:
-        check(id, answer, **given)
-    return str(e.value)
+    """What a check cell shows for a wrong `answer` (it must be wrong), on one line."""
+    right, text = exercises.verdict(id, answer, **given)
+    assert not right, text
+    return flat(text)
+
+
+@pytest.fixture()
+def graded(monkeypatch):
+    """Grading on, as notebooks/conftest.py turns it on for pytest --nbval."""
+    monkeypatch.setenv(exercises.GRADING_ENV, "1")
+
+
+@pytest.fixture(autouse=True)
+def not_graded(monkeypatch):
+    """Grading off unless a test asks for it (a run under pytest --nbval may have set it)."""
+    monkeypatch.delenv(exercises.GRADING_ENV, raising=False)
 
 
 # ====================================================================== check()
@@ -35,11 +55,56 @@ def test_check_prints_the_verdict(capsys):
     assert capsys.readouterr().out == "Exercise 1.1.2: correct.\n"
 
 
-def test_unanswered_names_the_exercise_and_gives_the_hint():
-    message = wrong("1.1.2", None, prompts=32, answers=16)
-    assert message.startswith("Exercise 1.1.2: not answered yet (replace None")
-    assert "replace None" in message
-    assert "prompts x answers per prompt" in message  # the exercise's hint
+def test_unanswered_prints_a_nudge_and_does_not_raise(capsys):
+    check("1.1.2", None, prompts=32, answers=16)  # a check cell never stops Run All
+    out = capsys.readouterr().out
+    assert out.split("\n")[0] == "Exercise 1.1.2: not answered yet."
+    line = flat(out)
+    assert line.startswith("Exercise 1.1.2: not answered yet. Replace the None")
+    assert "counts every answer of a rollout" in line  # the nudge
+    assert "rollout_batch_size * 16" not in line  # not the code
+
+
+def test_a_wrong_answer_prints_what_is_wrong_and_the_hint(capsys):
+    check("1.1.2", 16, prompts=32, answers=16)
+    out = capsys.readouterr().out
+    assert all(len(row) <= 88 for row in out.split("\n"))  # wrapped at words, not by the browser
+    assert any(row.startswith("  Hint: ") for row in out.split("\n")[1:])
+    line = flat(out)
+    assert line.startswith("Exercise 1.1.2: not yet. 16 is the group size")
+    assert "recipe.rollout_batch_size * 16" in line
+
+
+def test_grading_raises_for_wrong_and_missing_answers(graded, capsys):
+    with pytest.raises(ExerciseError, match=r"^Exercise 1\.1\.2: not answered yet"):
+        check("1.1.2", None, prompts=32, answers=16)
+    with pytest.raises(ExerciseError, match=r"^Exercise 1\.1\.2: not yet\. 16 is the group\s+size"):
+        check("1.1.2", 16, prompts=32, answers=16)
+    check("1.1.2", 512, prompts=32, answers=16)
+    assert capsys.readouterr().out == "Exercise 1.1.2: correct.\n"
+
+
+def test_grading_follows_the_environment():
+    assert not exercises.grading({})
+    assert not exercises.grading({"LABKIT_GRADING": "0"})
+    assert exercises.grading({"LABKIT_GRADING": "1"})
+
+
+@pytest.mark.parametrize("id", sorted(exercises.EXERCISES))
+def test_the_first_message_nudges_without_the_code(id):
+    ex = exercises.EXERCISES[id]
+    right, line = exercises.verdict(id, None)
+    assert not right and ex.nudge in flat(line) and ex.hint not in flat(line)
+    # the code in the hint: calls, products, flags with their value
+    code = re.findall(r"[\w.]+\([^)]*\)|\w+\s*\*\s*\d+|--[\w-]+ \d+", ex.hint)
+    assert code, f"the hint of {id} shows no code"
+    assert not any(c in ex.nudge for c in code), f"the nudge of {id} gives the code away"
+
+
+def test_an_answer_the_grader_cannot_handle_is_a_line_not_a_traceback(tmp_path, capsys):
+    check("1.2.2", 3, log=tmp_path / "missing.jsonl", gap=1)
+    line = flat(capsys.readouterr().out)
+    assert line.startswith("Exercise 1.2.2: not yet. This answer could not be graded")
 
 
 def test_unknown_exercise_lists_the_known_ones():
@@ -247,7 +312,8 @@ def test_student_notebook_strips_solutions_and_keeps_everything_else():
     student = student_notebook(source, source_name="01_lesson.ipynb")
     banner, cells = student["cells"][0], student["cells"][1:]
     assert "Student copy" in "".join(banner["source"])
-    assert "pytest --nbval-lax" in "".join(banner["source"])
+    assert "python -m pytest --nbval-lax --nbval-current-env notebooks/students/01_lesson.ipynb" \
+        in "".join(banner["source"])
     assert len(cells) == len(source["cells"])
     for i, (mine, theirs) in enumerate(zip(cells, source["cells"])):
         if i in (4, 5):
@@ -259,7 +325,8 @@ def test_student_notebook_strips_solutions_and_keeps_everything_else():
     assert cells[4]["outputs"] == [] and cells[4]["execution_count"] is None
     assert cells[5]["outputs"] == [] and cells[5]["execution_count"] is None
     assert cells[5]["source"] == source["cells"][5]["source"]
-    assert student["metadata"]["labkit"] == {"student_copy_of": "01_lesson.ipynb"}
+    assert student["metadata"]["labkit"]["student_copy_of"] == "01_lesson.ipynb"
+    assert student["metadata"]["labkit"]["fingerprint"] == students.fingerprint(student)
     assert source["cells"][4]["outputs"]  # the source itself is not changed
 
 
@@ -272,12 +339,19 @@ def run_cells(nb: dict) -> dict:
     return namespace
 
 
-def test_unsolved_student_check_cell_fails_with_the_hint():
+def test_unsolved_student_check_cell_prints_and_the_cells_below_run(capsys):
+    student = student_notebook(lesson(), source_name="01_lesson.ipynb")
+    run_cells(student)
+    out = capsys.readouterr().out
+    assert "Exercise 1.1.1: not answered yet" in out
+    assert out.endswith("the end\n")  # the cell after the check ran too
+
+
+def test_unsolved_student_check_cell_fails_when_graded(graded):
     student = student_notebook(lesson(), source_name="01_lesson.ipynb")
     with pytest.raises(ExerciseError) as e:
         run_cells(student)
     assert str(e.value).startswith("Exercise 1.1.1: not answered yet")
-    assert "zero_std marks those groups" in str(e.value)
 
 
 def test_solved_student_check_cell_passes(capsys):
@@ -319,6 +393,45 @@ def test_check_detects_a_stale_and_an_extra_copy(tmp_path, capsys):
     assert "01_lesson.ipynb: stale" in printed and "99_old.ipynb: extra" in printed
 
 
+def test_students_command_keeps_a_copy_a_student_edited(tmp_path, capsys):
+    src = tmp_path / "notebooks"
+    write_lesson(src, lesson())
+    write_lesson(src, lesson(), "02_other.ipynb")
+    assert labkit_main(["students", str(src)]) == 0
+    copy = src / "students" / "01_lesson.ipynb"
+    solved = copy.read_text().replace("no_signal = None", "no_signal = 1")
+    copy.write_text(solved)  # the student's answer
+    capsys.readouterr()
+    assert labkit_main(["students", str(src)]) == 1
+    printed = capsys.readouterr()
+    assert copy.read_text() == solved
+    assert f"kept 1 copy edited since labkit wrote it: {copy}; it may hold" in printed.err
+    assert "--force" in printed.err
+    assert f"wrote {src / 'students' / '02_other.ipynb'}" in printed.out
+    assert labkit_main(["students", str(src), "--force"]) == 0
+    assert "no_signal = None" in copy.read_text()
+
+
+def test_students_command_rewrites_an_untouched_copy_of_a_changed_lesson(tmp_path):
+    src = tmp_path / "notebooks"
+    nb = lesson()
+    write_lesson(src, nb)
+    assert labkit_main(["students", str(src)]) == 0
+    nb["cells"][0]["source"] = ["# A lesson, edited by the teacher\n"]
+    write_lesson(src, nb)
+    assert labkit_main(["students", str(src)]) == 0  # nobody touched the copy: rewritten
+    assert "edited by the teacher" in (src / "students" / "01_lesson.ipynb").read_text()
+
+
+def test_a_copy_knows_whether_it_is_as_written():
+    text = students.dumps(student_notebook(lesson(), source_name="01_lesson.ipynb"))
+    assert students.as_written(text)
+    reformatted = json.dumps(json.loads(text), indent=2)  # another editor's formatting
+    assert students.as_written(reformatted)
+    assert not students.as_written(text.replace("no_signal = None", "no_signal = 2"))
+    assert not students.as_written("{not json")
+
+
 def test_students_command_defaults_to_the_notebooks_folder(monkeypatch, tmp_path):
     write_lesson(tmp_path / "notebooks", lesson())
     monkeypatch.chdir(tmp_path)
@@ -352,8 +465,8 @@ def test_committed_student_copies_are_up_to_date():
     assert students.stale_students(NOTEBOOKS) == []
 
 
-def test_lesson_1_1_first_check_fails_unsolved_in_the_students_copy(capsys):
-    """The students' 1.1, run up to its first check cell: the check fails with the hint."""
+def test_lesson_1_1_first_check_fails_unsolved_in_the_students_copy(graded, capsys):
+    """The students' 1.1, graded up to its first check cell: the check fails with the nudge."""
     path = NOTEBOOKS / "01_launcher.ipynb"
     student = student_notebook(json.loads(path.read_text()), source_name=path.name)
     code = [c for c in student["cells"] if c["cell_type"] == "code"]
@@ -367,8 +480,68 @@ def test_lesson_1_1_first_check_fails_unsolved_in_the_students_copy(capsys):
             exec(compile("".join(c["source"]), "<cell>", "exec"), namespace)
     finally:
         warnings.formatwarning = saved
-    with pytest.raises(ExerciseError, match=r"Exercise 1\.1\.1: not answered yet.*zero_std"):
+    with pytest.raises(ExerciseError, match=r"(?s)Exercise 1\.1\.1: not answered yet.*compute_adv"):
         exec(compile("".join(code[first_check]["source"]), "<cell>", "exec"), namespace)
+
+
+# ====================================================================== grading a lesson
+GRADED = "02_watchdog_replay.ipynb"  # reads logs only: graded in seconds
+
+
+def grading_command(text: str) -> list[str]:
+    """The grading command a text gives (its first `python -m pytest --nbval-lax ...` line)."""
+    found = re.search(r"python -m pytest --nbval-lax[^`\n]*", text)
+    assert found, "no grading command in the text"
+    return found.group(0).split()
+
+
+def grade(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """Run a grading command as a student would, with this Python and this labkit."""
+    env = {k: v for k, v in os.environ.items() if k != exercises.GRADING_ENV}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, *command[1:], "-p", "no:cacheprovider"], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def failed_cells(result: subprocess.CompletedProcess) -> list[str]:
+    return re.findall(r"^FAILED \S+::(Cell \d+)", result.stdout, re.M)
+
+
+def test_the_grading_commands_agree():
+    copy = json.loads((NOTEBOOKS / "students" / GRADED).read_text())
+    header = "".join(copy["cells"][0]["source"])
+    readme = (NOTEBOOKS / "README.md").read_text()
+    assert grading_command(header) == grading_command(readme)[:-1] + [f"notebooks/students/{GRADED}"]
+
+
+def test_grading_fails_the_unsolved_students_copy():
+    """The students' copy as committed: the header's command fails it, on its check cells only."""
+    copy = json.loads((NOTEBOOKS / "students" / GRADED).read_text())
+    result = grade(grading_command("".join(copy["cells"][0]["source"])), REPO)
+    assert result.returncode == 1, result.stdout[-3000:]
+    code = [c for c in copy["cells"] if c["cell_type"] == "code"]
+    checks = [f"Cell {i}" for i, c in enumerate(code) if "exercises.check(" in "".join(c["source"])]
+    assert len(checks) == 3 and failed_cells(result) == checks, result.stdout[-3000:]
+    assert "Exercise 1.2.1: not answered yet" in result.stdout
+
+
+def test_grading_passes_the_students_copy_once_solved(tmp_path):
+    """The same copy with the teachers' solutions typed in: the same command passes it."""
+    teacher = json.loads((NOTEBOOKS / GRADED).read_text())
+    solutions = {c["id"]: c["source"] for c in teacher["cells"]
+                 if any(BEGIN_MARK in line for line in c["source"])}
+    copy = json.loads((NOTEBOOKS / "students" / GRADED).read_text())
+    for c in copy["cells"]:
+        if c["id"] in solutions:
+            c["source"] = [line for line in solutions[c["id"]] if "SOLUTION" not in line]
+    assert len(solutions) == 3
+    folder = tmp_path / "notebooks" / "students"
+    folder.mkdir(parents=True)
+    (folder / GRADED).write_text(json.dumps(copy))
+    (tmp_path / "notebooks" / "conftest.py").symlink_to(NOTEBOOKS / "conftest.py")
+    result = grade(grading_command("".join(copy["cells"][0]["source"])), tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert failed_cells(result) == []
 
 
 # ====================================================================== profiles
@@ -397,6 +570,18 @@ def test_profile_configs():
         profiles.config("tpu")
 
 
+def test_a_profile_is_described_from_its_preset(monkeypatch):
+    from labkit import config
+
+    monkeypatch.setitem(config.PRESETS, "lesson-cpu",
+                        {**config.PRESETS["lesson-cpu"], "num_rollout": 12, "rollout_batch_size": 4,
+                         "global_batch_size": 16})
+    assert profiles.describe("cpu") == ("SmolLM2-135M (embedded) on made-up problems, 4 prompts "
+                                        "x 4 answers, at most 48 tokens, 12 steps")
+    assert profiles.describe("gpu").startswith("the recipe: Qwen/Qwen2.5-0.5B-Instruct on gsm8k, "
+                                               "32 prompts x 8 answers")
+
+
 def test_runs_are_named_from_the_working_folder(monkeypatch, tmp_path):
     monkeypatch.chdir(REPO / "notebooks")
     assert profiles.config("cpu").output_dir == "../runs"
@@ -406,6 +591,7 @@ def test_runs_are_named_from_the_working_folder(monkeypatch, tmp_path):
 
 def test_course_root_and_runs_dir(tmp_path):
     assert profiles.course_root(REPO / "notebooks" / "students") == REPO
+    assert profiles.course_root(tmp_path) == REPO  # outside the repository: where labkit is
     assert profiles.runs_dir({}) == REPO / "data" / "runs"
     assert profiles.runs_dir({"LABKIT_RUNS_DIR": str(tmp_path)}) == tmp_path
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -100,3 +101,55 @@ def test_missing_step_in_window_is_refused(tmp_path):
 def test_bad_window(runs):
     with pytest.raises(AnalysisError, match=r"late=\(23, 16\)"):
         run_gains(runs, late=(23, 16))
+
+
+# ====================================================================== one setting
+REPO_RUNS = Path(__file__).resolve().parents[1] / "data" / "runs"
+
+
+def test_runs_of_other_prompts_are_not_seeds(tmp_path, course_dir):
+    small_run(tmp_path, "p16-n8-seed1", group_size=8, seed=1, prompts=16, gain=-0.2)
+    runs = load_runs([course_dir, tmp_path / "p16-n8-seed1"])
+    refusal = r"differ in prompts.*prompts 16: p16-n8-seed1; prompts 32: "
+    with pytest.raises(AnalysisError, match=refusal):
+        group_gains(runs)
+    with pytest.raises(AnalysisError, match=refusal):
+        inside_one_range(runs)
+    with pytest.raises(AnalysisError, match=refusal):
+        inside_one_range(run_gains(runs))  # gains carry the runs' settings
+    gains = run_gains(runs).set_index("run")
+    assert gains.loc["p16-n8-seed1", "prompts"] == 16 and gains.loc["n8-seed1", "lr"] == 1e-6
+    assert group_gains(runs, mixed=True).set_index("group_size").loc[8].seeds == 4
+
+
+def test_constructed_runs_are_not_mixed_with_real_ones(tmp_path, course_dir, capsys):
+    small_run(tmp_path, "constructed-n8-heat", group_size=8, seed=5)
+    runs = load_runs([course_dir, tmp_path])
+    assert "constructed-n8-heat" not in set(runs.run)
+    assert ("left out: constructed run constructed-n8-heat (made up, not measured; "
+            "load_runs(..., constructed=True) reads it)") in capsys.readouterr().err
+    both = load_runs([course_dir, tmp_path], constructed=True)
+    with pytest.raises(AnalysisError, match=r"constructed-n8-heat is constructed \(made up, not "
+                       r"measured\) and the others are real runs.*~runs\.run\.str\.contains"):
+        inside_one_range(both)
+    alone = load_runs(tmp_path, constructed=True)
+    assert run_gains(alone).gain.iat[0] == pytest.approx(0.05)  # among themselves, fine
+    with pytest.raises(AnalysisError, match="but constructed ones; pass constructed=True"):
+        load_runs(tmp_path)
+
+
+@pytest.mark.skipif(not REPO_RUNS.is_dir(), reason="no data/runs")
+def test_the_batch_size_sweep_is_not_read_as_seeds_of_the_recipe():
+    """Lesson 1.3 once took every finished run at lr 1e-6 as seeds: 5 at 8 answers, two of
+    them the 16- and 64-prompt sweep runs. Now that selection is refused, the right one is not."""
+    from labkit.analysis.table import drop_unfinished
+
+    finished = drop_unfinished(load_runs(REPO_RUNS))
+    first_plan = finished[finished.run.str.match(r"^[np]\d+-")]  # the runs the lesson read then
+    by_lr = first_plan[first_plan.lr == 1e-6]
+    with pytest.raises(AnalysisError, match=r"prompts 16: p16-n8-lr1e-6-s1; prompts 32: .*"
+                                            r"prompts 64: p64-n8-lr1e-6-s1"):
+        inside_one_range(by_lr)
+    recipe = by_lr[by_lr.prompts == 32]
+    verdict = inside_one_range(recipe)
+    assert "the 3 seeds at 8 answers span +0.048 to +0.070" in verdict.text

@@ -189,13 +189,34 @@ def test_guard_without_sensor_is_off_and_says_so_once():
     guard.stop()
 
 
-def test_make_guard_without_pynvml_is_off(monkeypatch):
+def test_make_guard_without_pynvml_on_a_gpu_is_off_and_says_how_to_fix_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)   # import pynvml -> ImportError
     events = []
-    guard = make_guard(85, 75, on_event=lambda k, m: events.append(m))
+    guard = make_guard(85, 75, on_event=lambda k, m: events.append(m), gpu=True)
     assert not guard.enabled and "pip install nvidia-ml-py" in guard.off_reason
     guard.wait_if_hot(0), guard.wait_if_hot(1)
     assert len(events) == 1 and "nvidia-ml-py" in events[0]
+
+
+def test_make_guard_without_a_gpu_is_off_and_quiet(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    guard = make_guard(85, 75, gpu=False)
+    with guard:
+        assert guard.wait_if_hot(0) is None
+    assert capsys.readouterr() == ("", "")  # not a word, on a machine with nothing to watch
+    assert guard.state == "off: no GPU"
+    assert make_guard(85, 75, ScriptedSensor([50])).state == "on (pause at 85 C, resume at 75 C)"
+
+
+def test_notices_print_above_a_progress_bar(capsys):
+    from tqdm import tqdm
+
+    guard = HeatGuard.off("no NVML here")
+    with tqdm(total=3, file=sys.stderr, ncols=60) as bar:
+        bar.update(1)
+        guard.wait_if_hot(0)
+    screen = [line.split("\r")[-1] for line in capsys.readouterr().err.split("\n")]  # as shown
+    assert "heat guard: off (no NVML here); steps will not pause for heat" in screen  # own line
 
 
 def test_make_guard_uses_given_sensor():
@@ -247,11 +268,11 @@ def test_nvml_sensor_reads_the_hottest_visible_gpu(monkeypatch):
 
 def test_nvml_without_driver_or_visible_gpu_turns_the_guard_off(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml([60], init_error="Driver Not Loaded"))
-    guard = make_guard(85, 75, on_event=lambda k, m: None)
+    guard = make_guard(85, 75, on_event=lambda k, m: None, gpu=True)
     assert not guard.enabled and "Driver Not Loaded" in guard.off_reason
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml([60]))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    guard = make_guard(85, 75, on_event=lambda k, m: None)
+    guard = make_guard(85, 75, on_event=lambda k, m: None, gpu=True)
     assert not guard.enabled and "CUDA_VISIBLE_DEVICES" in guard.off_reason
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import matplotlib
+import pandas as pd
 import pytest
 from matplotlib.collections import PolyCollection
 
@@ -63,6 +64,31 @@ def test_reward_curve_by_prompts_per_rollout(runs):
 def test_reward_curve_windows_follow_arguments(runs):
     ax = plots.reward_curve(runs, early=(0, 3), late=(20, 23)).axes[0]
     assert "steps 0-3" in " ".join(t.get_text() for t in ax.texts)
+
+
+def test_a_short_run_fills_its_own_axis(runs):
+    """A 1.1-style CPU run: the axis spans its steps, and a window shows once it is reached."""
+    short = runs[(runs.run == "n8-seed1") & (runs["rollout/step"] <= 11)]
+    fig = plots.reward_curve(short)
+    ax = fig.axes[0]
+    assert ax.get_xlim() == (-0.5, 11.5)
+    texts = " ".join(t.get_text() for t in ax.texts)
+    assert "steps 0-7" in texts and "steps 16-23" not in texts
+    assert "shaded once reached" in fig._suptitle.get_text()
+    one = plots.reward_curve(runs[(runs.run == "n8-seed1") & (runs["rollout/step"] == 0)]).axes[0]
+    assert one.get_xlim() == (-0.5, 0.5) and not one.texts
+    assert [t for t in one.get_xticks() if -0.5 <= t <= 0.5] == [0]  # one whole-number tick
+    assert plots.zero_std_curve(short).axes[0].get_xlim() == (-0.5, 11.5)
+
+
+def test_constructed_runs_are_labelled(runs):
+    made_up = runs[runs.run == "n8-seed2"].assign(run="constructed-n8-heat")
+    both = pd.concat([runs[runs.run == "n8-seed1"], made_up], ignore_index=True)
+    fig = plots.rollout_time_curve(both)
+    assert "CONSTRUCTED (made up, not measured): constructed-n8-heat" in fig.axes[0].get_title(loc="left")
+    panels = " ".join(t.get_text() for ax in fig.axes for t in ax.texts)
+    assert "CONSTRUCTED (made up) constructed-n8-heat" in panels
+    assert "CONSTRUCTED" not in plots.reward_curve(runs).axes[0].get_title(loc="left")
 
 
 def test_rollout_time_curve(runs):

@@ -73,12 +73,17 @@ def test_run_without_rewards(tmp_path):
         compare(load_runs(run))
 
 
-def test_different_prompts_warn(tmp_path):
+def test_different_prompts_are_refused_or_warned_when_mixed(tmp_path):
     small_run(tmp_path, "p32", seed=1)
     small_run(tmp_path, "p32b", seed=2)
     small_run(tmp_path, "p16", group_size=4, prompts=16)
+    runs = load_runs(tmp_path)
+    with pytest.raises(AnalysisError, match=r"differ in prompts, so runs of one group size are "
+                       r"not seeds of one setting: prompts 16: p16; prompts 32: p32, p32b\. "
+                       r"Select runs of one setting \(e\.g\. runs\[\(runs\.prompts == 32\)\]"):
+        compare(runs)
     with pytest.warns(UserWarning, match=r"differ in prompts per rollout.*16 in p16.*32 in p32, p32b"):
-        compare(load_runs(tmp_path))
+        compare(runs, mixed=True)
 
 
 def test_global_batch_not_one_step_warns(tmp_path):

@@ -5,49 +5,52 @@ the costs, the table and the plots). The work lives in one module per idea; this
 face re-exports it:
 
 * labkit.analysis.runframe: `load_runs`, run folders and miles logs as one tidy frame (one row per
-  run and step), with the heat columns that say which steps are clean;
+  run and step), with the heat columns that say which steps are clean; constructed (made-up)
+  runs only when asked;
 * labkit.analysis.gains: `run_gains`, `group_gains`, the bootstrap interval and `inside_one_range`
-  (is every gain inside the seed spread of the reference group size?);
+  (is every gain inside the seed spread of the reference group size?), and
+  `refuse_mixed_settings` (runs of one group size must be seeds of one setting);
 * labkit.analysis.heldout: `heldout_gains`, `group_heldout`, GSM8K test accuracy before and
   after training (eval.jsonl), per run and per setting;
 * labkit.analysis.costs: `common_clean_steps` and `run_costs`, the median rollout time over the
   step numbers clean in every compared run;
-* labkit.analysis.table: `compare`, the course's table as display strings, `render_table`, and
-  `refuse_mixed_settings` (runs of one group size must be seeds of one setting);
+* labkit.analysis.table: `compare`, the course's table as display strings, and `render_table`;
 * labkit.analysis.plots: `reward_curve`, `rollout_time_curve`, `response_length_curve`,
   `zero_std_curve`, and `plot_all` (every figure as PNG and SVG).
 """
 
 from __future__ import annotations
 
-from labkit.analysis.table import (check_comparable, compare, drop_unfinished, refuse_mixed_settings,
-                                     render_table)
+from labkit.analysis.table import check_comparable, compare, drop_unfinished, render_table
 from labkit.analysis.costs import common_clean_steps, run_costs
+from labkit.analysis.gains import (EARLY, LATE, REFERENCE, SETTINGS, Verdict, bootstrap_gain,
+                                   group_gains, inside_one_range, refuse_mixed_settings, run_gains,
+                                   window_rewards)
 from labkit.analysis.heldout import group_heldout, heldout_gains, read_evaluations
-from labkit.analysis.gains import (EARLY, LATE, REFERENCE, Verdict, bootstrap_gain, group_gains,
-                          inside_one_range, run_gains, window_rewards)
 from labkit.analysis.plots import (plot_all, response_length_curve, reward_curve,
                                    rollout_time_curve, zero_std_curve)
 from labkit.metrics import STEP
-from labkit.analysis.runframe import (CONFIG_COLUMNS, HEAT_CLEAN, METRIC_FALLBACK, MILES_INFO, MILES_LOG,
-                             RESPONSE_LEN, REWARD, ROLLOUT_TIME, TOKENS, ZERO_STD, AnalysisError,
-                             PathLike, Runs, as_runs, find_sources, load_runs, metric_values,
+from labkit.analysis.runframe import (CONFIG_COLUMNS, CONSTRUCTED, HEAT_CLEAN, METRIC_FALLBACK,
+                                      MILES_INFO, MILES_LOG, RESPONSE_LEN, REWARD, ROLLOUT_TIME,
+                                      TOKENS, ZERO_STD, AnalysisError, PathLike, Runs, as_runs,
+                                      find_sources, is_constructed, load_runs, metric_values,
                                       steps_text)
 
 __all__ = [
     # loading (labkit.analysis.runframe)
     "load_runs", "find_sources", "as_runs", "metric_values", "AnalysisError", "Runs", "PathLike", "steps_text",
+    "is_constructed", "CONSTRUCTED",
     "STEP", "REWARD", "ROLLOUT_TIME", "TOKENS", "RESPONSE_LEN", "ZERO_STD", "HEAT_CLEAN",
     "CONFIG_COLUMNS", "METRIC_FALLBACK", "MILES_LOG", "MILES_INFO",
     # the gain (labkit.analysis.gains)
     "run_gains", "group_gains", "window_rewards", "bootstrap_gain", "inside_one_range", "Verdict",
-    "EARLY", "LATE", "REFERENCE",
+    "EARLY", "LATE", "REFERENCE", "SETTINGS", "refuse_mixed_settings",
     # held-out accuracy (labkit.analysis.heldout)
     "heldout_gains", "group_heldout", "read_evaluations",
     # the cost (labkit.analysis.costs)
     "common_clean_steps", "run_costs",
     # the table and the command (labkit.analysis.table)
-    "compare", "render_table", "check_comparable", "drop_unfinished", "refuse_mixed_settings",
+    "compare", "render_table", "check_comparable", "drop_unfinished",
     # the figures (labkit.analysis.plots)
     "reward_curve", "rollout_time_curve", "response_length_curve", "zero_std_curve", "plot_all",
 ]

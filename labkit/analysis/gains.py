@@ -6,6 +6,13 @@ steps 16-23 minus that of steps 0-7. Seeds of one group size differ by as much a
 sizes do, so a gain is read against the seed spread (min to max) of a reference group size
 (8 answers), not against zero: "inside one range" or not. A bootstrap over the steps of the
 two windows shows how noisy one run's gain is.
+
+Runs of one group size are read as *seeds of one setting*, so every other setting must be
+the same: the prompts per rollout, the learning rate, the model, and real runs are never
+mixed with constructed ones. `group_gains` and `inside_one_range` (and the table) refuse runs
+that differ in these (`refuse_mixed_settings`), unless told `mixed=True`: the course's
+rollout batch size sweep ran 8 answers at 16 and 64 prompts, and read as seeds of the
+8-answer recipe it widened the seed range from +0.048..+0.070 to -0.007..+0.070.
 """
 
 from __future__ import annotations
@@ -17,11 +24,62 @@ import numpy as np
 import pandas as pd
 
 from labkit.metrics import STEP
-from labkit.analysis.runframe import REWARD, AnalysisError, Runs, steps_text, as_runs
+from labkit.analysis.runframe import (REWARD, AnalysisError, Runs, as_runs, is_constructed,
+                                      steps_text)
 
 EARLY = (0, 7)  # the course's windows: steps 0-7 and 16-23 of a 24-step run
 LATE = (16, 23)
 REFERENCE = 8  # the group size whose seeds give the range
+# what seeds of one setting share (frame column: what it is); the group size and seed may differ
+SETTINGS = {"prompts": "prompts per rollout (--rollout-batch-size)", "lr": "learning rate (--lr)",
+            "model": "model (--model)"}
+
+
+# ====================================================================== one setting
+def refuse_mixed_settings(runs: pd.DataFrame) -> None:
+    """Raise AnalysisError when the runs are not all seeds of one setting: they differ in
+    prompts per rollout, learning rate or model (the columns of SETTINGS that `runs` has), or
+    mix constructed runs with real ones. `runs`: a frame of runs, or of gains (run_gains).
+
+    The message lists which runs share each value, and how to select one setting.
+    """
+    per_run = runs.groupby("run", sort=False).first()
+    differ = [c for c in SETTINGS if c in per_run and per_run[c].dropna().nunique() > 1]
+    made_up = [str(r) for r in per_run.index if is_constructed(r)]
+    problems = []
+    if differ:
+        problems.append(
+            f"the runs differ in {', '.join(differ)}, so runs of one group size are not seeds "
+            f"of one setting: " + "; ".join(_runs_by_value(per_run, c) for c in differ))
+    if made_up and len(made_up) < len(per_run):
+        problems.append(f"{', '.join(made_up)} {'is' if len(made_up) == 1 else 'are'} "
+                        f"constructed (made up, not measured) and the others are real runs")
+    if problems:
+        raise AnalysisError(
+            ". ".join(problems) + f". Select runs of one setting ({_selection(per_run, differ)}; "
+            f"labkit compare: name those run folders), or pass mixed=True (--mixed)")
+
+
+def _runs_by_value(per_run: pd.DataFrame, column: str) -> str:
+    """'lr 1e-06: a, b, c; lr 1e-05: d': which runs share each value of `column`."""
+    parts = []
+    for value, group in per_run.groupby(column, sort=True):
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        parts.append(f"{column} {shown}: {', '.join(map(str, group.index))}")
+    return "; ".join(parts)
+
+
+def _selection(per_run: pd.DataFrame, differ: list[str]) -> str:
+    """The pandas filter that keeps the most common value of each differing setting."""
+    terms = []
+    for c in differ:
+        value = per_run[c].value_counts().idxmax()
+        value = value.item() if hasattr(value, "item") else value  # numpy scalars print plainly
+        terms.append(f"(runs.{c} == {value:g})" if isinstance(value, float)
+                     else f"(runs.{c} == {value!r})")
+    if any(is_constructed(r) for r in per_run.index):
+        terms.append('~runs.run.str.contains("constructed")')
+    return "e.g. runs[" + " & ".join(terms) + "]"
 
 
 def check_window(window: tuple[int, int], name: str) -> tuple[int, int]:
@@ -82,30 +140,36 @@ def run_gains(runs: Runs, *, early=EARLY, late=LATE, n_boot: int = 2000, ci: flo
               seed: int = 0) -> pd.DataFrame:
     """Each run's gain, mean reward of `late` minus that of `early` (steps, inclusive).
 
-    Returns one row per run: run, group_size, seed, early_mean, late_mean, gain, ci_low,
-    ci_high (bootstrap over the steps of the windows; seeded by `seed` and the run name,
-    so the same runs always give the same interval).
+    Returns one row per run: run, group_size, prompts, lr, seed, early_mean, late_mean,
+    gain, ci_low, ci_high (bootstrap over the steps of the windows; seeded by `seed` and the
+    run name, so the same runs always give the same interval). Runs of any settings: each
+    gain is its own run's.
     """
     rows = []
     for head, early_r, late_r in _windows(as_runs(runs), early, late):
         rng = np.random.default_rng([seed, zlib.crc32(str(head.run).encode())])
         low, high = bootstrap_gain([(early_r, late_r)], rng, n_boot=n_boot, ci=ci)
-        rows.append(dict(run=head.run, group_size=int(head.group_size), seed=head.seed,
+        rows.append(dict(run=head.run, group_size=int(head.group_size),
+                         prompts=head.get("prompts"), lr=head.get("lr"), seed=head.seed,
                          early_mean=early_r.mean(), late_mean=late_r.mean(),
                          gain=late_r.mean() - early_r.mean(), ci_low=low, ci_high=high))
     return pd.DataFrame(rows)
 
 
 def group_gains(runs: Runs, *, early=EARLY, late=LATE, n_boot: int = 2000, ci: float = 0.95,
-                seed: int = 0) -> pd.DataFrame:
+                seed: int = 0, mixed: bool = False) -> pd.DataFrame:
     """The gain per group size: one row per group size, smallest first.
 
     Columns: group_size, seeds (runs), seed_values, gains (one per run), spread_low and
     spread_high (min and max over the seeds), mean_gain, ci_low and ci_high (bootstrap of the
     mean gain over the steps of every seed; seeded by `seed` and the group size).
+    The runs must be seeds of one setting (refuse_mixed_settings) unless `mixed`.
     """
+    runs = as_runs(runs)
+    if not mixed:
+        refuse_mixed_settings(runs)
     by_group: dict[int, list] = {}
-    for head, early_r, late_r in _windows(as_runs(runs), early, late):
+    for head, early_r, late_r in _windows(runs, early, late):
         by_group.setdefault(int(head.group_size), []).append((head, early_r, late_r))
     rows = []
     for g in sorted(by_group):
@@ -134,15 +198,22 @@ class Verdict:
         return self.text
 
 
-def inside_one_range(gains: Runs, reference: int = REFERENCE, **gain_options) -> Verdict:
+def inside_one_range(gains: Runs, reference: int = REFERENCE, *, mixed: bool = False,
+                     **gain_options) -> Verdict:
     """Does every run's gain fall inside the range (min to max) of the reference group's seeds?
 
     `gains`: a frame from `run_gains`, or runs (then `gain_options` go to run_gains).
     Returns a Verdict whose text says it in words; `inside` is None when the reference group
-    has a single seed. Raises AnalysisError when no run has the reference group size.
+    has a single seed. Raises AnalysisError when no run has the reference group size, and
+    when the runs are not seeds of one setting (refuse_mixed_settings) unless `mixed`.
     """
     if not (isinstance(gains, pd.DataFrame) and "gain" in gains):
-        gains = run_gains(gains, **gain_options)
+        runs = as_runs(gains)
+        if not mixed:
+            refuse_mixed_settings(runs)
+        gains = run_gains(runs, **gain_options)
+    elif not mixed:
+        refuse_mixed_settings(gains)
     ref = gains[gains.group_size == reference]
     if ref.empty:
         present = ", ".join(str(g) for g in sorted(gains.group_size.unique()))

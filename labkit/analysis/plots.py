@@ -37,13 +37,14 @@ import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
 from labkit.analysis.costs import common_clean_steps, run_costs  # noqa: E402
 from labkit.analysis.gains import EARLY, LATE  # noqa: E402
 from labkit.metrics import STEP  # noqa: E402
 from labkit.analysis.runframe import (  # noqa: E402
-    RESPONSE_LEN, REWARD, ROLLOUT_TIME, ZERO_STD, Runs, as_runs, metric_values)
+    RESPONSE_LEN, REWARD, ROLLOUT_TIME, ZERO_STD, Runs, as_runs, is_constructed, metric_values)
 
 STEP_LABEL = "step (rollout index, from 0)"
 PAUSE_COLOR = "tab:red"
@@ -77,14 +78,24 @@ def _group_label(by: str, value) -> str:
 
 
 def _caption(runs: pd.DataFrame) -> str:
-    """What the runs share (or not): model, engine, prompts per step, runs."""
+    """What the runs share (or not): model, engine, prompts per step, runs; and which runs
+    are constructed (made up), so a figure never passes one off as measured."""
     per_run = runs.groupby("run", sort=False).first()
 
     def joined(col: str) -> str:
         return ", ".join(str(v) for v in per_run[col].dropna().unique()) or "?"
 
+    made_up = [str(r) for r in per_run.index if is_constructed(r)]
     return (f"model {joined('model')} · engine {joined('engine')} · "
-            f"{joined('prompts')} prompts per step · {len(per_run)} runs")
+            f"{joined('prompts')} prompts per step · {len(per_run)} run{'s' * (len(per_run) != 1)}"
+            + (f"\nCONSTRUCTED (made up, not measured): {', '.join(made_up)}" if made_up else ""))
+
+
+def _step_axis(ax, runs: pd.DataFrame) -> None:
+    """The x axis spans the runs' steps, whole numbers only (a 1-step run is one tick, not 0.04s)."""
+    steps = runs[STEP]
+    ax.set_xlim(int(steps.min()) - 0.5, int(steps.max()) + 0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
 
 
 def _title(fig: Figure, ax, title: str, runs: pd.DataFrame) -> None:
@@ -160,24 +171,36 @@ def reward_curve(runs: Runs, *, early=EARLY, late=LATE, ax=None, by: str = "grou
     """Mean reward per step of each group size, with the gain's two windows shaded.
 
     `runs`: a frame from load_runs, or paths. `early`, `late`: (first, last) steps of the
-    windows. `ax`: draw into this axes instead of a new figure. `by`: the column whose
-    values get a line each ("lr" for a learning-rate probe, "prompts" for a rollout batch
-    size sweep). Returns the Figure.
+    windows; a window is shaded once a run reaches its last step (a short run shows its own
+    steps, not an empty axis up to step 23). `ax`: draw into this axes instead of a new
+    figure. `by`: the column whose values get a line each ("lr" for a learning-rate probe,
+    "prompts" for a rollout batch size sweep). Returns the Figure.
     """
     runs = as_runs(runs)
     fig, ax, own = _single_axes(ax)
     label = blended_transform_factory(ax.transData, ax.transAxes)
-    for (a, b), name in [(early, "early"), (late, "late")]:
+    last = int(runs[STEP].max())
+    reached = [(w, name) for w, name in [(early, "early"), (late, "late")] if last >= w[1]]
+    for (a, b), name in reached:
         ax.axvspan(a - 0.5, b + 0.5, color="0.9", zorder=0)
         ax.text((a + b) / 2, 0.98, f"{name} window\nsteps {a}-{b}", transform=label,
                 ha="center", va="top", fontsize=8, color="0.3")
     if not _draw_by_group(ax, runs, REWARD, by):
         _no_data(ax, REWARD)
+    low, high = ax.get_ylim()  # a reward is 0 to 1: a flat 0 is drawn near the bottom, not mid-axis
+    ax.set_ylim(max(low, -0.02), max(high, 0.1))
     _headroom(ax)
+    _step_axis(ax, runs)
     ax.set_xlabel(STEP_LABEL)
     ax.set_ylabel("mean reward per answer (0 to 1)")
     _legend(fig, ax, own)
-    _title(fig, ax, "Reward per step: gain = mean of the late window - mean of the early window", runs)
+    title = "Reward per step"
+    if len(reached) == 2:
+        title += ": gain = mean of the late window - mean of the early window"
+    else:
+        title += (f" (gain windows {early[0]}-{early[1]} and {late[0]}-{late[1]} "
+                  f"shaded once reached)")
+    _title(fig, ax, title, runs)
     return fig
 
 
@@ -201,6 +224,7 @@ def rollout_time_curve(runs: Runs, *, last_step: int | None = LATE[1]) -> Figure
         _draw_time_panel(ax, runs[runs.run == name], costs.loc[name], common, colors)
     top = pd.to_numeric(runs.get(ROLLOUT_TIME, pd.Series(dtype=float)), errors="coerce").max()
     axes[0].set_ylim(0, 1.45 * top if top > 0 else 1.0)  # room for each panel's label
+    _step_axis(axes[-1], runs)  # the panels share their x axis
     axes[-1].set_xlabel(STEP_LABEL)
     fig.legend(handles=[Patch(color=PAUSE_COLOR, alpha=0.3, label="step touched by a heat pause"),
                         Line2D([], [], color="0.3", marker="o", ls="", label="step used in the median"),
@@ -235,6 +259,8 @@ def _draw_time_panel(ax, run: pd.DataFrame, cost: pd.Series, common: list[int],
 
 def _panel_text(name: str, cost: pd.Series, n_common: int) -> str:
     head = f"{name}: {cost.group_size} answers, seed {cost.seed}"
+    if is_constructed(name):
+        head = f"CONSTRUCTED (made up) {head}"
     if cost.basis == "common clean steps":
         return f"{head}\nmedian {cost.time_s:.1f} s on the {n_common} common clean steps"
     if cost.basis == "own clean steps":
@@ -272,6 +298,7 @@ def _metric_curve(runs: Runs, metric: str, *, ax, ylabel: str, title: str,
     if not _draw_by_group(ax, runs, metric):
         _no_data(ax, metric)
     ax.set_ylim(0, ax.get_ylim()[1] * 1.05 if top is None else top)
+    _step_axis(ax, runs)
     ax.set_xlabel(STEP_LABEL)
     ax.set_ylabel(ylabel)
     _legend(fig, ax, own)

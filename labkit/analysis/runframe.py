@@ -9,12 +9,18 @@ and ``heat_guard`` (the run logged heat/clean). A run that logged no `heat/clean
 before the heat guard) counts its steps as clean unless its heat.jsonl records a pause.
 
 Runs come from labkit run folders (see labkit.runlog) or from miles logs (labkit.miles.log).
+
+A run whose name contains "constructed" is made up (a lesson's exercise needs, say, a run
+with heat pauses, and none of ours had one). It is never read as a measurement by accident:
+`load_runs` leaves such runs out, saying so, unless asked with `constructed=True`, and the
+comparisons refuse to mix one with real runs (labkit.analysis.gains.refuse_mixed_settings).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Sequence, Union
@@ -47,6 +53,7 @@ CONFIG_COLUMNS = {
 }
 # per-step metrics that stand in when a config lacks the field
 METRIC_FALLBACK = {"group_size": "rollout/n_samples_per_prompt", "prompts": "rollout/n_prompts"}
+CONSTRUCTED = "constructed"  # in a run's name: made up, not measured
 
 PathLike = Union[str, os.PathLike]
 Runs = Union[pd.DataFrame, PathLike, Sequence[PathLike]]
@@ -56,24 +63,33 @@ class AnalysisError(ValueError):
     """Runs that cannot be read or compared as asked; the message names the run and the fix."""
 
 
-def load_runs(paths: PathLike | Sequence[PathLike]) -> pd.DataFrame:
+def is_constructed(name: str) -> bool:
+    """True for a made-up run: its name (or folder name) contains "constructed"."""
+    return CONSTRUCTED in str(name).lower()
+
+
+def load_runs(paths: PathLike | Sequence[PathLike], *, constructed: bool = False) -> pd.DataFrame:
     """Read run folders and miles logs into one tidy frame, one row per run and step.
 
     `paths`: a path or a list of them; each is a run folder, a folder searched for run
     folders (like ``data/runs``), or a miles log: a file, or a folder holding miles.log
-    (read by `labkit.miles.log.read_miles_log`).
+    (read by `labkit.miles.log.read_miles_log`). Constructed runs (made up; their name says
+    "constructed") are left out with a line on stderr, unless `constructed`.
     Columns: ``run, group_size, prompts, global_batch, seed, model, engine, lr, source, path,
     status``, the step key ``rollout/step``, every logged metric, and ``heat_pause_s`` (seconds
     of heat.jsonl pauses inside the step), ``clean`` (no pause touched the rollout),
     ``heat_guard`` (the run logged heat/clean). Rows are sorted by group size, run, step.
     """
-    frames, names = [], set()
+    frames, names, made_up = [], set(), []
     for path, explicit in find_sources(paths):
         miles = path.is_file() or _is_miles_folder(path)
         frame = _read_miles(path) if miles else _read_run_folder(path, explicit)
         if frame is None:
             continue
         name = frame["run"].iat[0]
+        if not constructed and (is_constructed(name) or is_constructed(path.name)):
+            made_up.append(name)
+            continue
         if name in names:  # two folders with one name: say which parent each came from
             name = f"{path.parent.name}/{name}"
             frame["run"] = name
@@ -81,8 +97,13 @@ def load_runs(paths: PathLike | Sequence[PathLike]) -> pd.DataFrame:
             raise AnalysisError(f"two runs are both named {name!r} ({path}); rename one folder")
         names.add(name)
         frames.append(frame)
+    if made_up:
+        print(f"left out: constructed run {', '.join(made_up)} (made up, not measured; "
+              f"load_runs(..., constructed=True) reads it)", file=sys.stderr)
     if not frames:
-        raise AnalysisError(f"no run with a finished step in {_show(paths)}")
+        raise AnalysisError(f"no run with a finished step in {_show(paths)}"
+                            + (" but constructed ones; pass constructed=True to read them"
+                               if made_up else ""))
     runs = pd.concat(frames, ignore_index=True)
     return runs.sort_values(["group_size", "run", STEP], kind="stable", ignore_index=True)
 

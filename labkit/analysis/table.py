@@ -15,8 +15,8 @@ import warnings
 import pandas as pd
 
 from labkit.analysis.costs import common_clean_steps, run_costs
-from labkit.analysis.gains import (EARLY, LATE, REFERENCE, check_window, group_gains, inside_one_range,
-                          run_gains)
+from labkit.analysis.gains import (EARLY, LATE, REFERENCE, check_window, group_gains,
+                                   inside_one_range, refuse_mixed_settings, run_gains)
 from labkit.metrics import STEP
 from labkit.analysis.runframe import AnalysisError, Runs, as_runs
 
@@ -53,7 +53,8 @@ def check_comparable(runs: pd.DataFrame) -> list[str]:
 
 # ====================================================================== the table
 def compare(runs: Runs, *, reference: int = REFERENCE, early=EARLY, late=LATE,
-            n_boot: int = 2000, ci: float = 0.95, seed: int = 0) -> pd.DataFrame:
+            n_boot: int = 2000, ci: float = 0.95, seed: int = 0,
+            mixed: bool = False) -> pd.DataFrame:
     """The course's table: one row per group size, gains and cost, as display strings.
 
     `runs`: a frame from load_runs, or paths. Compares steps 0 to the end of `late` of each
@@ -61,15 +62,18 @@ def compare(runs: Runs, *, reference: int = REFERENCE, early=EARLY, late=LATE,
     (median over the common clean steps), time vs the reference, common clean steps, tokens
     per step, response length. `table.attrs` holds "verdict" (text), "common_clean_steps"
     (the step numbers) and "notes". Print with `render_table`; numbers are in run_gains,
-    group_gains and run_costs.
+    group_gains and run_costs. Raises AnalysisError for runs that are not seeds of one
+    setting (refuse_mixed_settings); `mixed=True` compares them anyway, with a warning.
     """
     runs = as_runs(runs)
+    if not mixed:
+        refuse_mixed_settings(runs)
     check_comparable(runs)
     options = dict(early=early, late=late, n_boot=n_boot, ci=ci, seed=seed)
-    gains = group_gains(runs, **options)
+    gains = group_gains(runs, mixed=mixed, **options)
     costs = run_costs(runs, last_step=check_window(late, "late")[1])
     try:
-        verdict = inside_one_range(run_gains(runs, **options), reference).text
+        verdict = inside_one_range(run_gains(runs, **options), reference, mixed=mixed).text
     except AnalysisError as e:
         verdict = f"Cannot judge: {e}"
     ref_time, ref_basis = _group_time(costs[costs.group_size == reference])
@@ -154,24 +158,3 @@ def drop_unfinished(runs: pd.DataFrame, late=LATE) -> pd.DataFrame:
     if len(short) == len(last):
         raise AnalysisError(f"no run reaches step {late[1]}, the end of the late window")
     return runs[~runs["run"].isin(short.index)]
-
-
-def refuse_mixed_settings(runs: pd.DataFrame) -> None:
-    """Raise AnalysisError when the runs differ in learning rate, model or prompts per rollout:
-    then runs of one group size are not seeds of one setting (`labkit compare --mixed` allows it)."""
-    per_run = runs.groupby("run", sort=False).first()
-    differ = [c for c in ("lr", "model", "prompts") if per_run[c].dropna().nunique() > 1]
-    if differ:
-        raise AnalysisError(
-            f"the runs differ in {', '.join(differ)}, so runs of one group size are not "
-            f"seeds of one setting; name runs that share them, or pass --mixed. "
-            + "; ".join(_runs_by_value(per_run, c) for c in differ))
-
-
-def _runs_by_value(per_run, column: str) -> str:
-    """'lr 1e-06: a, b, c; lr 1e-05: d': which runs share each value of `column`."""
-    parts = []
-    for value, group in per_run.groupby(column, sort=True):
-        shown = f"{value:g}" if isinstance(value, float) else str(value)
-        parts.append(f"{column} {shown}: {', '.join(map(str, group.index))}")
-    return "; ".join(parts)

@@ -9,9 +9,18 @@ A lesson's exercise is a code cell whose answer sits between two marker lines::
 followed by a check cell, `labkit.course.exercises.check("1.1.2", global_batch_16, prompts=32)`.
 `check` never stores an answer: it computes the expected one from what the cell hands it
 with labkit's own functions (RunConfig's batch check, compute_advantages, replay,
-run_gains, ...), so an answer is judged on the student's data, and it explains the usual
-wrong answers in a hint. A right answer prints "Exercise 1.1.1: correct."; a wrong or
-missing one raises ExerciseError, which fails the cell, so nbval grades a notebook.
+run_gains, ...), so an answer is judged on the student's data.
+
+What a check cell says comes in three steps, so that the first run does not give the
+solution away: an unanswered exercise gets a *nudge* (where to look, no code); a wrong
+answer gets what is wrong with it and the *hint* (the code to write); a right one gets
+"Exercise 1.1.1: correct.".
+
+A check cell never stops the notebook: in JupyterLab it prints its line, so Run All goes
+on to the cells below. Grading is the one place where a check raises: when
+$LABKIT_GRADING is set (notebooks/conftest.py sets it for `pytest --nbval-lax`, and the
+kernels nbval starts inherit it), a wrong or missing answer raises ExerciseError, which
+fails the cell, so an unsolved exercise fails the lesson.
 
 The students' copies of the lessons, with the solutions taken out, are written by
 `labkit.course.students`.
@@ -20,34 +29,40 @@ The students' copies of the lessons, with the solutions taken out, are written b
 from __future__ import annotations
 
 import math
+import os
 import re
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
+GRADING_ENV = "LABKIT_GRADING"
 # a check call: its exercise id and, when it is a plain name, the answer variable
 CHECK_RE = re.compile(
     r"""exercises\.check\(\s*["'](?P<id>[^"']+)["'](?:\s*,\s*(?P<answer>[A-Za-z_]\w*))?""")
 
 
 class ExerciseError(AssertionError):
-    """An exercise answered wrong or not yet; the message says which exercise and gives a hint."""
+    """An exercise answered wrong or not yet, when grading; the message says which and why."""
 
 
 class _Wrong(Exception):
-    """Raised by a grader with the hint for this wrong answer."""
+    """Raised by a grader with what is wrong with this answer."""
 
 
 @dataclass(frozen=True)
 class Exercise:
-    """One exercise: its id ("1.1.1": lesson 1.1, exercise 1), the task, a hint, a grader.
+    """One exercise: its id ("1.1.1": lesson 1.1, exercise 1), the task, a nudge, a hint, a grader.
 
-    `grade(answer, **given)` returns when `answer` is right and raises _Wrong(hint) when not.
+    The nudge says where to look (shown while the exercise is unanswered); the hint shows the
+    code (shown after a wrong answer). `grade(answer, **given)` returns when `answer` is right
+    and raises _Wrong(why) when not.
     """
 
     id: str
     task: str
+    nudge: str
     hint: str
     grade: Callable[..., None]
 
@@ -55,32 +70,62 @@ class Exercise:
 EXERCISES: dict[str, Exercise] = {}
 
 
-def exercise(id: str, task: str, hint: str):
+def exercise(id: str, task: str, *, nudge: str, hint: str):
     """Register the decorated grader as exercise `id`."""
     def register(grade: Callable[..., None]) -> Callable[..., None]:
-        EXERCISES[id] = Exercise(id, task, hint, grade)
+        EXERCISES[id] = Exercise(id, task, nudge, hint, grade)
         return grade
     return register
+
+
+def grading(env: Optional[dict] = None) -> bool:
+    """True when a wrong answer must raise: $LABKIT_GRADING is set to anything but "" or "0"."""
+    value = (os.environ if env is None else env).get(GRADING_ENV, "")
+    return value.strip() not in ("", "0")
+
+
+def verdict(id: str, answer: Any, **given) -> tuple[bool, str]:
+    """(right, what a check cell shows) for `answer` to exercise `id`: the verdict on the first
+    line, the nudge or hint below it. Never raises for an answer, whatever it is; raises
+    KeyError for an unknown exercise id."""
+    if id not in EXERCISES:
+        raise KeyError(f"no exercise {id!r}; known: {', '.join(EXERCISES)}")
+    ex = EXERCISES[id]
+    if answer is None or answer is Ellipsis:
+        return False, _lines(f"Exercise {id}: not answered yet.",
+                             "Replace the None in the cell above with your answer, then run "
+                             "both cells again.", f"Where to start: {ex.nudge}")
+    try:
+        ex.grade(answer, **given)
+    except _Wrong as wrong:
+        return False, _lines(f"Exercise {id}: not yet. {wrong}", f"Hint: {ex.hint}")
+    except Exception as e:  # an answer of a shape the grader did not foresee
+        return False, _lines(f"Exercise {id}: not yet. This answer could not be graded "
+                             f"({type(e).__name__}: {e}).", f"Hint: {ex.hint}")
+    return True, f"Exercise {id}: correct."
+
+
+def _lines(first: str, *more: str, width: int = 88) -> str:
+    """The verdict and what follows it, wrapped at word boundaries (a notebook's output area
+    breaks a long line inside words) and indented under the first line."""
+    return "\n".join(textwrap.fill(text, width, initial_indent="" if i == 0 else "  ",
+                                    subsequent_indent="  ", break_long_words=False,
+                                    break_on_hyphens=False)
+                      for i, text in enumerate((first, *more)))
 
 
 def check(id: str, answer: Any, **given) -> None:
     """Grade `answer` to exercise `id` against what `given` holds (runs, a log, a config).
 
-    Prints "Exercise <id>: correct." when right. Raises ExerciseError naming the exercise,
-    with a hint, when `answer` is wrong or still None / ... (not answered yet).
+    Prints "Exercise <id>: correct." when right, else one line that says "not yet" with a
+    nudge (unanswered: None or ...) or what is wrong and a hint. When grading (see
+    `grading`), a wrong or missing answer raises ExerciseError with that line instead.
     """
     __tracebackhide__ = True  # pytest: show the message, not this frame
-    if id not in EXERCISES:
-        raise KeyError(f"no exercise {id!r}; known: {', '.join(EXERCISES)}")
-    ex = EXERCISES[id]
-    if answer is None or answer is Ellipsis:
-        raise ExerciseError(f"Exercise {id}: not answered yet (replace None in the exercise "
-                            f"cell above). {ex.task} Hint: {ex.hint}")
-    try:
-        ex.grade(answer, **given)
-    except _Wrong as wrong:
-        raise ExerciseError(f"Exercise {id}: not yet. {wrong} Hint: {ex.hint}") from None
-    print(f"Exercise {id}: correct.")
+    right, line = verdict(id, answer, **given)
+    if not right and grading():
+        raise ExerciseError(line)
+    print(line)
 
 
 # ====================================================================== helpers for graders
@@ -118,8 +163,10 @@ def _metrics(run) -> Any:
 # ====================================================================== lesson 1.1
 @exercise("1.1.1", "Set no_signal to the number of groups in `rewards` whose answers all got "
           "the same reward.",
-          "labkit.grpo.compute_advantages(rewards).zero_std marks those groups; .sum() counts "
-          "them. All-0 and all-1 groups both teach nothing.")
+          nudge="a group teaches nothing when every answer in it got the same reward. "
+                "compute_advantages finds those groups for you: look at what it returns.",
+          hint="compute_advantages(rewards_b).zero_std is True for those groups, and .sum() "
+               "counts them. All-0 and all-1 groups both teach nothing.")
 def _grade_no_signal(answer, *, rewards) -> None:
     from labkit.grpo import compute_advantages
 
@@ -139,7 +186,8 @@ def _grade_no_signal(answer, *, rewards) -> None:
 
 @exercise("1.1.2", "Set global_batch_16 to the --global-batch-size that gives exactly one "
           "optimizer step per rollout for 16 answers per prompt at the recipe's prompts.",
-          "the global batch counts every answer of a rollout: prompts x answers per prompt.")
+          nudge="the global batch counts every answer of a rollout.",
+          hint="prompts x answers per prompt: recipe.rollout_batch_size * 16.")
 def _grade_global_batch(answer, *, prompts: int = 32, answers: int = 16) -> None:
     from labkit.config import ConfigError, RunConfig
 
@@ -161,8 +209,9 @@ def _grade_global_batch(answer, *, prompts: int = 32, answers: int = 16) -> None
 
 @exercise("1.1.3", "Set rollout_share to the share of the run's wall time spent in the rollout: "
           "the sum of perf/rollout_time over all steps divided by the sum of perf/step_time.",
-          "run.metrics['perf/rollout_time'].sum() / run.metrics['perf/step_time'].sum(), a number "
-          "between 0 and 1.")
+          nudge="both columns are in run.metrics; add each one up over the steps, then divide.",
+          hint="run.metrics['perf/rollout_time'].sum() / run.metrics['perf/step_time'].sum(), "
+               "a number between 0 and 1.")
 def _grade_rollout_share(answer, *, run) -> None:
     m = _metrics(run)
     share = _number(answer, "the share")
@@ -183,8 +232,10 @@ def _grade_rollout_share(answer, *, run) -> None:
 # ====================================================================== lesson 1.2
 @exercise("1.2.1", "Set waited to the longest a request can wait in total, under `policy`, "
           "before its 5th attempt.",
-          "the waits come after failed attempts 1, 2, 3 and 4; the longest wait after attempt k "
-          "is policy.ceiling(k).")
+          nudge="a wait comes after each failed attempt, and `policy` can tell you the longest "
+                "wait after attempt k (see the table above).",
+          hint="the waits come after failed attempts 1, 2, 3 and 4: "
+               "sum(policy.ceiling(k) for k in range(1, 5)).")
 def _grade_waited(answer, *, policy) -> None:
     waited = _number(answer, "the total wait in seconds")
     waits = [policy.ceiling(k) for k in range(1, 6)]
@@ -201,7 +252,9 @@ def _grade_waited(answer, *, policy) -> None:
 
 @exercise("1.2.2", "Set n_bursts to the number of bursts the watchdog finds in the incident "
           "when a gap longer than GAP seconds (not the default 5 s) ends a burst.",
-          "labkit.serving.watchdog.replay(INCIDENT, burst_gap=GAP).bursts has one row per burst.")
+          nudge="replay the incident again with the gap as an argument; its burst table has one "
+                "row per burst.",
+          hint="len(replay(INCIDENT, burst_gap=GAP).bursts).")
 def _grade_bursts(answer, *, log, gap: float) -> None:
     from labkit.serving.replay import replay
 
@@ -221,8 +274,10 @@ def _grade_bursts(answer, *, log, gap: float) -> None:
 
 @exercise("1.2.3", "Set lowered to the number of times the watchdog would have lowered the "
           "open-request limit during the incident under Policy(on_burst='lower').",
-          "replay(INCIDENT, policy=Policy(on_burst='lower')).decisions has an `action` column; "
-          "count the 'lower' rows.")
+          nudge="a replay under that policy lists what the watchdog decided, one row per "
+                "decision; you made one above.",
+          hint="lowering.decisions has an `action` column; count its 'lower' rows: "
+               "(lowering.decisions.action == 'lower').sum().")
 def _grade_lowered(answer, *, log) -> None:
     from labkit.serving.replay import replay
     from labkit.serving.watchdog import Policy
@@ -243,7 +298,10 @@ def _grade_lowered(answer, *, log) -> None:
 # ====================================================================== lesson 1.3
 @exercise("1.3.1", "Set extra_args_16 to the MILES_EXTRA_ARGS text that runs 16 answers per "
           "prompt with exactly one optimizer step per rollout.",
-          "two flags: --n-samples-per-prompt and --global-batch-size (prompts x answers).")
+          nudge="two flags, written as on a command line: --n-samples-per-prompt and "
+                "--global-batch-size.",
+          hint="the global batch is prompts x answers, 32 x 16: "
+               "\"--n-samples-per-prompt 16 --global-batch-size 512\".")
 def _grade_extra_args(answer, *, prompts: int = 32) -> None:
     from labkit.config import ConfigError, config_from_args
 
@@ -264,8 +322,10 @@ def _grade_extra_args(answer, *, prompts: int = 32) -> None:
 
 @exercise("1.3.2", "Set gain to the gain of run RUN from its log: the mean reward of steps "
           "16-23 minus the mean reward of steps 0-7.",
-          "select the run's rows (runs[runs.run == RUN]), then its rollout/raw_reward on "
-          "rollout/step 16-23 and on 0-7, both ends included.")
+          nudge="take run RUN's rows of `finished`, index them by step, and average "
+                "rollout/raw_reward over each window (both ends included).",
+          hint="reward = finished[finished.run == RUN].set_index(STEP)[REWARD], then "
+               "reward.loc[16:23].mean() - reward.loc[0:7].mean().")
 def _grade_gain(answer, *, runs, run: str) -> None:
     import numpy as np
 
@@ -298,8 +358,10 @@ def _grade_gain(answer, *, runs, run: str) -> None:
 
 @exercise("1.3.3", "Set common to the sorted list of step numbers, among steps 0-23, that are "
           "clean in both runs A and B.",
-          "a step is clean where the `clean` column is True; intersect the two runs' sets of "
-          "rollout/step and keep steps up to 23.")
+          nudge="the `clean` column says which steps no heat pause touched; keep the steps "
+                "that are clean in both runs.",
+          hint="A's clean steps are set(pair[(pair.run == A) & pair.clean][STEP]); intersect "
+               "them with B's (&), keep the steps up to 23, and sort them.")
 def _grade_common(answer, *, runs, a: str, b: str) -> None:
     from labkit.metrics import STEP
 
@@ -314,6 +376,10 @@ def _grade_common(answer, *, runs, a: str, b: str) -> None:
             r = r[r[STEP] <= last]
         return set(r.loc[r["clean"].astype(bool), STEP].astype(int))
 
+    def every(name: str) -> set[int]:
+        r = runs[runs["run"] == name]
+        return set(r.loc[r[STEP] <= 23, STEP].astype(int))
+
     expected = sorted(clean(a) & clean(b))
     if steps == expected:
         return
@@ -321,6 +387,9 @@ def _grade_common(answer, *, runs, a: str, b: str) -> None:
         raise _Wrong("only steps 0-23 are compared; drop the later ones.")
     if steps in (sorted(clean(a)), sorted(clean(b))):
         raise _Wrong("those are the clean steps of one run; keep the steps clean in both.")
+    if steps == sorted(every(a) & every(b)):
+        raise _Wrong("those are all the steps both runs have; a heat pause touched some of "
+                     "them, so keep only the clean ones.")
     if steps == sorted(clean(a) | clean(b)):
         raise _Wrong("that is the union; keep only the steps clean in both runs.")
     raise _Wrong(f"{len(steps)} steps given; the common clean steps are {len(expected)}.")

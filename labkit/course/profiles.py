@@ -3,8 +3,8 @@
 A lesson is written once and runs on two kinds of machine. On the course's H200 it
 launches the recipe as written (`gpu`: `RunConfig()`, Qwen2.5-0.5B-Instruct, 32 prompts
 x 8 answers, 24 steps). On a laptop or a CI runner with no GPU it launches the same loop
-on the embedded SmolLM2-135M (`cpu`: synthetic problems, 2 prompts x 4 answers, 48
-tokens, one step), so every cell runs and every exercise can be graded. The first cell of
+on the embedded SmolLM2-135M (`cpu`: the `lesson-cpu` preset, a short run on made-up
+problems), so every cell runs and every exercise can be graded. The first cell of
 each notebook is `PROFILE = labkit.course.profiles.pick()`: the GPU when there is one, else the
 CPU, and the environment variable LABKIT_PROFILE overrides both.
 
@@ -30,11 +30,6 @@ RUNS_ENV = "LABKIT_RUNS_DIR"
 PROFILES: dict[str, str] = {
     "gpu": "recipe",  # the course's recipe as written: Qwen2.5-0.5B-Instruct, 24 steps
     "cpu": "lesson-cpu",  # the embedded model on made-up problems, one short step
-}
-WHAT = {
-    "gpu": f"the recipe: {RECIPE_MODEL}, 32 prompts x 8 answers, 24 steps",
-    "cpu": f"{EMBEDDED_MODEL} (SmolLM2-135M) on synthetic problems, 2 prompts x 4 answers, "
-           f"48 tokens, 1 step",
 }
 
 
@@ -70,8 +65,20 @@ def pick(env: Optional[Mapping[str, str]] = None, *, gpu: Optional[bool] = None,
         why = ("a GPU is visible" if gpu else "no GPU here") + \
               f"; set {PROFILE_ENV}={'cpu' if gpu else 'gpu'} to change it"
     if say:
-        print(f"profile: {name} ({why})\n  runs {WHAT[name]}")
+        print(f"profile: {name} ({why})\n  runs {describe(name)}")
     return name
+
+
+def describe(profile: str) -> str:
+    """What a profile's launch runs, read from its preset (so the text follows the preset)."""
+    cfg = RunConfig.preset(PROFILES[profile])
+    model = {RECIPE_MODEL: RECIPE_MODEL, EMBEDDED_MODEL: "SmolLM2-135M (embedded)"}.get(
+        cfg.model, cfg.model)
+    data = "made-up problems" if cfg.data == "synthetic" else cfg.data
+    steps = f"{cfg.num_rollout} step{'s' if cfg.num_rollout != 1 else ''}"
+    return (f"{'the recipe: ' if profile == 'gpu' else ''}{model} on {data}, "
+            f"{cfg.rollout_batch_size} prompts x {cfg.n_samples_per_prompt} answers, "
+            f"at most {cfg.rollout_max_response_len} tokens, {steps}")
 
 
 def plain_warnings() -> None:
@@ -119,7 +126,7 @@ def course_root(start: Optional[Path] = None) -> Path:
     for folder in (here, *here.parents):
         if (folder / "notebooks").is_dir() and (folder / "labkit").is_dir():
             return folder
-    return Path(__file__).resolve().parents[1]
+    return Path(__file__).resolve().parents[2]
 
 
 def runs_dir(env: Optional[Mapping[str, str]] = None) -> Path:

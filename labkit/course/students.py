@@ -6,11 +6,16 @@ assigns (or a NotImplementedError when it assigns none), and the outputs of the 
 and check cells are cleared, since they would show the answer. `labkit students --check`
 fails when the committed copies are not what the sources give, which keeps them in step
 in CI. The checks themselves are in `labkit.course.exercises`.
+
+A copy is where a student works, so it is never overwritten behind their back: each copy
+carries a fingerprint of what labkit wrote (`metadata.labkit.fingerprint`), and a copy
+whose content no longer matches it (solved, run or saved since) is kept unless `force`.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 from pathlib import Path
 from typing import Optional
@@ -99,13 +104,41 @@ def student_notebook(nb: dict, *, source_name: str = "") -> dict:
         "cell_type": "markdown", "id": "students-copy", "metadata": {},
         "source": _lines(
             f"**Student copy** of `{name}`, written by `labkit students`: the exercises are "
-            f"yours to solve. Replace each `None` marked `# Exercise ...` with your answer; "
-            f"the check cell below it says `correct.` or gives a hint.\n\n"
-            f"Grade the whole notebook from the repository folder with\n"
-            f"`pytest --nbval-lax --nbval-current-env notebooks/{STUDENTS}/{name}`"),
+            f"yours to solve. Replace each `None` marked `# Exercise ...` with your answer "
+            f"and run the check cell below it: it says `correct.`, or `not yet` with a hint. "
+            f"A check cell never stops Run All.\n\n"
+            f"Grade the whole notebook in a terminal, from the repository folder, with the "
+            f"course's environment active:\n\n"
+            f"    {grading_command(f'notebooks/{STUDENTS}/{name}')}\n\n"
+            f"It runs every cell in a fresh kernel and fails while an exercise is not solved."),
     })
     nb.setdefault("metadata", {})["labkit"] = {"student_copy_of": name}
+    nb["metadata"]["labkit"]["fingerprint"] = fingerprint(nb)
     return nb
+
+
+def grading_command(path: str) -> str:
+    """The command that grades the notebook at `path` (relative to the repository folder)."""
+    return f"python -m pytest --nbval-lax --nbval-current-env {path}"
+
+
+def fingerprint(nb: dict) -> str:
+    """A hash of a notebook's content, its own fingerprint left out: any edit, run or save
+    of the copy changes it (formatting of the file does not)."""
+    nb = json.loads(json.dumps(nb))
+    nb.get("metadata", {}).get("labkit", {}).pop("fingerprint", None)
+    text = json.dumps(nb, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def as_written(text: str) -> bool:
+    """True when a copy's text is still what `labkit students` wrote (its fingerprint matches)."""
+    try:
+        nb = json.loads(text)
+        stored = nb["metadata"]["labkit"]["fingerprint"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return False
+    return stored == fingerprint(nb)
 
 
 def _following_check(cells: list[dict], i: int) -> Optional[tuple[str, Optional[str]]]:
@@ -142,16 +175,26 @@ def student_texts(src_dir: Path) -> dict[str, str]:
     return out
 
 
-def write_students(src_dir: Path, out_dir: Optional[Path] = None) -> list[Path]:
-    """Write the students' copies of src_dir's notebooks into out_dir (default
-    src_dir/students); returns the paths written."""
+def write_students(src_dir: Path, out_dir: Optional[Path] = None, *,
+                   force: bool = False) -> tuple[list[Path], list[Path]]:
+    """Write the students' copies of src_dir's notebooks into out_dir (default src_dir/students).
+
+    A copy that differs from the fresh one and is no longer what labkit wrote (a student
+    solved, ran or saved it) is kept, unless `force`. Returns (paths written, paths kept).
+    """
     out_dir = Path(out_dir) if out_dir else Path(src_dir) / STUDENTS
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
+    written, kept = [], []
     for name, text in student_texts(Path(src_dir)).items():
-        (out_dir / name).write_text(text, encoding="utf-8")
-        written.append(out_dir / name)
-    return written
+        path = out_dir / name
+        if path.exists() and not force:
+            old = path.read_text(encoding="utf-8")
+            if old != text and not as_written(old):
+                kept.append(path)
+                continue
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written, kept
 
 
 def stale_students(src_dir: Path, out_dir: Optional[Path] = None) -> list[str]:

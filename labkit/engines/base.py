@@ -54,12 +54,25 @@ class Completion:
 
 # Called between generation batches (the heat guard waits there when the GPU is hot).
 BetweenBatches = Optional[Callable[[], None]]
+# Called while answers are written: (answers finished, answers asked for, tokens written so far).
+Progress = Optional[Callable[[int, int, int], None]]
 
 
 class Engine(ABC):
-    """A rollout engine. `generate` returns, for each prompt, its n completions in order."""
+    """A rollout engine. `generate` returns, for each prompt, its n completions in order.
+
+    `progress`, when set (the trainer's progress bar sets it), is called as the answers of a
+    `generate` call come in, so a long rollout shows how far it is; an engine that cannot
+    tell never calls it.
+    """
 
     name: str = "engine"
+    progress: Progress = None
+
+    def report_progress(self, done: int, total: int, tokens: int) -> None:
+        """Hand (answers finished, answers asked for, tokens so far) to `progress`, if set."""
+        if self.progress is not None:
+            self.progress(done, total, tokens)
 
     @abstractmethod
     def generate(

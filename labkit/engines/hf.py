@@ -5,10 +5,14 @@ trainer's module, so "loading new weights" costs nothing: the next rollout sampl
 the weights the optimizer just wrote. Temperature and top-p are applied by our own logits
 processor, which also records the log-prob of each sampled token under the distribution it
 was sampled from; the trainer compares those with its own log-probs
-(`train/train_rollout_logprob_abs_diff`), as it does for vLLM.
+(`train/train_rollout_logprob_abs_diff`), as it does for vLLM. A second processor counts
+the answers finished and the tokens written while `generate` runs, for the progress bar:
+on a CPU one batch of answers can take minutes.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -45,6 +49,37 @@ class _SamplingRecorder:
             self.last_logp = None
 
 
+class _ProgressCounter:
+    """Logits processor that changes nothing: every `every_s` seconds it reports the answers
+    finished (a stop token written) and the tokens written so far in this batch, on top of
+    the batches before it."""
+
+    def __init__(self, report, width: int, stop_ids, before: tuple[int, int], total: int,
+                 every_s: float = 0.5, clock=time.monotonic):
+        self.report, self.width, self.total = report, width, total
+        self.stop = torch.tensor(sorted(stop_ids), dtype=torch.long)
+        self.done_before, self.tokens_before = before
+        self.every_s, self.clock, self.last = every_s, clock, clock()
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        now = self.clock()
+        if now - self.last >= self.every_s:
+            self.last = now
+            done, tokens = self.count(input_ids[:, self.width:])
+            self.report(self.done_before + done, self.total, self.tokens_before + tokens)
+        return scores
+
+    def count(self, new: torch.Tensor) -> tuple[int, int]:
+        """(rows with a stop token, tokens up to and including each row's first stop)."""
+        if new.shape[1] == 0:
+            return 0, 0
+        stops = torch.isin(new, self.stop.to(new.device))
+        finished = stops.any(dim=1)
+        first = torch.where(finished, stops.int().argmax(dim=1) + 1,
+                            torch.full_like(finished, new.shape[1], dtype=torch.long))
+        return int(finished.sum()), int(first.sum())
+
+
 class HFEngine(Engine):
     """Rollouts with `model.generate`, `max_batch` sequences per call (all when None)."""
 
@@ -60,17 +95,28 @@ class HFEngine(Engine):
         jobs = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(sampling.n)]
         size = self.max_batch or len(jobs)
         out: list[list[Completion]] = [[] for _ in prompt_ids]
+        done = tokens = 0
+        self.report_progress(0, len(jobs), 0)
         for b, start in enumerate(range(0, len(jobs), size)):
             if b and between_batches is not None:
                 between_batches()
             chunk = jobs[start : start + size]
             seed = None if sampling.seed is None else sampling.seed + b
-            for (i, _), c in zip(chunk, self._generate_chunk([ids for _, ids in chunk], sampling, seed)):
+            counter = None
+            if self.progress is not None:
+                width = max(len(ids) for _, ids in chunk)
+                counter = _ProgressCounter(self.report_progress, width, sampling.stop_token_ids,
+                                           (done, tokens), len(jobs))
+            for (i, _), c in zip(chunk, self._generate_chunk([ids for _, ids in chunk], sampling,
+                                                             seed, counter)):
                 c.prompt_index = i
                 out[i].append(c)
+                done, tokens = done + 1, tokens + len(c.token_ids)
+            self.report_progress(done, len(jobs), tokens)
         return out
 
-    def _generate_chunk(self, prompts: list[list[int]], s: Sampling, seed: int | None) -> list[Completion]:
+    def _generate_chunk(self, prompts: list[list[int]], s: Sampling, seed: int | None,
+                        counter: _ProgressCounter | None = None) -> list[Completion]:
         model, tok = self.model, self.tokenizer
         device = next(model.parameters()).device
         pad = tok.pad_token_id
@@ -82,6 +128,7 @@ class HFEngine(Engine):
             attn[r, width - len(p) :] = 1
         greedy = s.temperature == 0
         recorder = None if greedy else _SamplingRecorder(s.temperature, s.top_p)
+        processors = [p for p in (recorder, counter) if p is not None]
         if seed is not None:
             torch.manual_seed(seed)
         was_training = model.training
@@ -90,7 +137,7 @@ class HFEngine(Engine):
             seqs = model.generate(
                 input_ids=ids.to(device), attention_mask=attn.to(device),
                 generation_config=self._generation_config(s, greedy),
-                logits_processor=[recorder] if recorder else None,
+                logits_processor=processors or None,
             )
         finally:
             model.train(was_training)

@@ -1,0 +1,213 @@
+"""A student's copy of lesson 1.2 in JupyterLab, in a real browser: Run All runs every cell.
+
+What a student does first: open the lesson, Run > Run All Cells, read. This test does the
+same in headless Chromium (Debian's `chromium`, driven by Playwright's Python package; no
+browser is downloaded) against a JupyterLab started for it: as this user (with
+--allow-root when that is root), on a free loopback port, with a token and a temporary
+HOME, config and settings folder, on a temporary copy of the students' notebook (a student's
+copy in the repository is never touched). It checks that every code cell ran, that the
+plots came out as PNG images, and that each unsolved exercise's check printed its not-yet
+line (a check cell never stops Run All). A screenshot of the page is kept in the test's
+temporary folder, and in $LABKIT_SCREENSHOTS when set.
+
+Skipped, with the reason, without chromium, playwright or JupyterLab: `pytest -q` alone
+skips it. `.ci/run` installs both and sets LABKIT_REQUIRE_BROWSER, which turns the skip into
+a failure, so CI cannot pass without running it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LESSON = REPO / "notebooks" / "students" / "02_watchdog_replay.ipynb"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# JupyterLab settings for the test: every cell in the page (no windowing, so the page holds
+# each cell's prompt and output), no news or update checks (no network)
+SETTINGS = {
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings":
+        {"fetchNews": "false", "checkForUpdates": False},
+}
+RUN_ALL_S = 150  # Run All on 2 cores takes ~20 s; the whole test stays under 3 minutes
+
+pytestmark = pytest.mark.browser
+
+
+def _missing() -> str | None:
+    if not Path(CHROMIUM).exists():
+        return "no chromium (Debian: apt-get install -y chromium)"
+    for module, package in [("playwright.sync_api", "playwright"), ("jupyterlab", "jupyterlab")]:
+        try:
+            __import__(module)
+        except ImportError:
+            return f"no {package} (pip install {package})"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_settings(folder: Path) -> None:
+    for name, values in SETTINGS.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+
+
+@pytest.fixture()
+def lab(tmp_path):
+    """(base URL, token, notebook name) of a JupyterLab serving a copy of the lesson."""
+    missing = _missing()
+    if missing and os.environ.get("LABKIT_REQUIRE_BROWSER"):
+        pytest.fail(f"LABKIT_REQUIRE_BROWSER is set, but: {missing}")
+    if missing:
+        pytest.skip(missing)
+    root, home = tmp_path / "lab", tmp_path / "home"
+    root.mkdir()
+    home.mkdir()
+    shutil.copy(LESSON, root / LESSON.name)
+    _write_settings(tmp_path / "settings")
+    port, token = _free_port(), "labkit-browser-test"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LABKIT_GRADING", "JUPYTER_CONFIG_DIR", "MPLBACKEND")}
+    env.update(HOME=str(home), JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
+               JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), LABKIT_PROFILE="cpu",
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p))
+    command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+               f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+               f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+               "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    if os.geteuid() == 0:
+        command.append("--allow-root")
+    log = open(tmp_path / "jupyterlab.log", "w")
+    server = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for(f"{url}/api/status?token={token}", server, tmp_path / "jupyterlab.log")
+        yield url, token, LESSON.name
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the server and the kernels it started
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+
+
+def _wait_for(url: str, server: subprocess.Popen, log: Path, timeout_s: float = 90) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if server.poll() is not None:
+            pytest.fail(f"JupyterLab exited ({server.returncode}):\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail(f"JupyterLab did not answer in {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def _wait_for_kernel(url: str, token: str, name: str, page, timeout_s: float = 90) -> None:
+    """Wait until the notebook's kernel is up and idle (the server's sessions say so); a
+    "Select Kernel" dialog, if JupyterLab asks, is answered with its default, as a student would."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        dialog = page.query_selector(".jp-Dialog .jp-mod-accept")
+        if dialog is not None:
+            dialog.click()
+        with urllib.request.urlopen(f"{url}/api/sessions?token={token}", timeout=5) as answer:
+            sessions = json.load(answer)
+        if any(s["path"].endswith(name) and s["kernel"]["execution_state"] == "idle"
+               for s in sessions):
+            return
+        page.wait_for_timeout(500)
+    pytest.fail(f"the kernel of {name} did not start in {timeout_s:.0f} s")
+
+
+def _prompts(page) -> list[str]:
+    """The execution prompt of every code cell, in order ("[3]:", "[*]:" or "[ ]:")."""
+    return page.eval_on_selector_all(".jp-Notebook .jp-CodeCell .jp-InputPrompt",
+                                     "nodes => nodes.map(n => n.textContent.trim())")
+
+
+def test_run_all_on_a_students_copy_runs_every_cell(lab, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    url, token, name = lab
+    notebook = json.loads(LESSON.read_text())
+    code_cells = sum(c["cell_type"] == "code" for c in notebook["cells"])
+    figures = sum("labkit.serving.replay.timeline(" in "".join(c["source"])
+                  for c in notebook["cells"] if c["cell_type"] == "code")
+    sources = "\n".join("".join(c["source"]) for c in notebook["cells"])
+    unsolved = re.findall(r'exercises\.check\("([\d.]+)"', sources)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(f"{url}/lab/tree/{name}?token={token}")
+            page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
+            _wait_for_kernel(url, token, name, page)
+            page.click(".lm-MenuBar-itemLabel:text-is('Run')")
+            page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+            fresh = [f"[{i}]:" for i in range(1, code_cells + 1)]  # a new kernel counts from 1
+            end = time.monotonic() + RUN_ALL_S
+            while time.monotonic() < end and _prompts(page) != fresh:
+                page.wait_for_timeout(500)
+            page.wait_for_timeout(1000)  # the last outputs render
+            page.screenshot(path=str(tmp_path / "run-all.png"), full_page=True)
+            _keep_screenshot(tmp_path / "run-all.png")
+            plot = page.query_selector(".jp-OutputArea-output img")
+            if plot is not None:
+                plot.scroll_into_view_if_needed()
+                plot.screenshot(path=str(tmp_path / "plot.png"))
+                _keep_screenshot(tmp_path / "plot.png")
+            prompts = _prompts(page)
+            outputs = page.inner_text(".jp-Notebook")
+            images = page.eval_on_selector_all(
+                ".jp-OutputArea-output img",
+                "nodes => nodes.map(n => [n.getAttribute('src').slice(0, 22), n.naturalWidth])")
+        finally:
+            browser.close()
+    assert prompts == [f"[{i}]:" for i in range(1, code_cells + 1)], f"not every cell ran: {prompts}"
+    pngs = [width for src, width in images if src.startswith("data:image/png;base64")]
+    assert len(pngs) == figures >= 1 and all(width > 0 for width in pngs), images
+    assert len(unsolved) == 3
+    for id in unsolved:
+        assert f"Exercise {id}: not answered yet.\n" in outputs
+    assert "Traceback" not in outputs and "ExerciseError" not in outputs
+
+
+def _keep_screenshot(path: Path) -> None:
+    folder = os.environ.get("LABKIT_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(folder) / path.name)
+
+
+def test_a_missing_browser_is_named_for_the_skip(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", "/nonexistent/chromium")
+    assert _missing() == "no chromium (Debian: apt-get install -y chromium)"
+    monkeypatch.setitem(sys.modules, "playwright.sync_api", None)  # import -> ImportError
+    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", sys.executable)  # a file that exists
+    assert _missing() == "no playwright (pip install playwright)"

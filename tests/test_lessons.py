@@ -1,0 +1,77 @@
+"""What the lessons say and how a student opens them: facts nbval cannot check (markdown, set-up).
+
+nbval runs every code cell of the lessons and compares their outputs; these tests hold the
+narration to what a student needs at the place they need it, and the set-up to one command.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / "notebooks"
+
+
+def cells(name: str) -> list[dict]:
+    return json.loads((NOTEBOOKS / name).read_text())["cells"]
+
+
+def text(cell: dict) -> str:
+    return "".join(cell["source"])
+
+
+def first_index(cells_: list[dict], pattern: str, kind: str | None = None) -> int:
+    return next(i for i, c in enumerate(cells_)
+                if (kind is None or c["cell_type"] == kind) and re.search(pattern, text(c)))
+
+
+def test_lesson_1_3_names_the_runs_model_where_it_introduces_them():
+    lesson = cells("03_group_size.ipynb")
+    first_load = first_index(lesson, r"load_runs\(RUNS\)", "code")
+    intro = "\n".join(text(c) for c in lesson[first_load - 1:first_load])
+    for fact in ("Qwen2.5-Coder-0.5B-Instruct", "Q4_K_M", "H200", "not the recipe's",
+                 "no internet"):
+        assert fact in intro, fact
+
+
+def test_lesson_1_3_compares_runs_of_one_setting():
+    source = "\n".join(text(c) for c in cells("03_group_size.ipynb") if c["cell_type"] == "code")
+    assert "runs = finished[(finished.prompts == 32) & (finished.lr == LR)]" in source
+
+
+def test_lesson_1_2_introduces_the_16_answer_run_before_quoting_it():
+    opening = text(cells("02_watchdog_replay.ipynb")[0])
+    quote = opening.index("> The 16-answer run")
+    before = opening[:quote]
+    assert "16 answers per prompt" in before and "lesson 1.3" in before
+    assert "512 requests" in before
+
+
+def test_lesson_1_1_teaches_interrupt_and_resume():
+    lesson = cells("01_launcher.ipynb")
+    launch = first_index(lesson, r"run = labkit\.launch\(cfg\)", "code")
+    told = first_index(lesson, r"interrupt", "markdown")
+    resume = first_index(lesson, r"labkit\.launch\(\w+, resume=run\.dir\)", "code")
+    assert launch < told < resume
+    assert "■" in text(lesson[told]) and "resume=run.dir" in text(lesson[told])
+    assert "num_rollout=cfg.num_rollout + 1" in text(lesson[resume])
+
+
+def test_lesson_1_1_does_not_hard_code_the_cpu_runs_numbers():
+    narration = "\n".join(text(c) for c in cells("01_launcher.ipynb") if c["cell_type"] == "markdown")
+    for stale in ("one short step", "48 tokens", "under a minute", "only reaches the first"):
+        assert stale not in narration, stale
+
+
+def test_one_command_sets_up_and_opens_the_lessons():
+    pyproject = (REPO / "pyproject.toml").read_text()
+    course = re.search(r"^course = \[(.*)\]$", pyproject, re.M)
+    assert course and "jupyterlab" in course.group(1) and "ipywidgets" in course.group(1)
+    assert '-e ".[dev,course]"' in (REPO / "scripts" / "setup.sh").read_text()
+    command = "bash scripts/setup.sh && .venv/bin/jupyter lab notebooks/"
+    for readme in (REPO / "README.md", NOTEBOOKS / "README.md"):
+        words = readme.read_text()
+        assert command in words and "--allow-root" in words, readme
+        assert "pip install jupyterlab" not in words, readme

@@ -1,0 +1,101 @@
+"""labkit.progress and Engine.progress: a step shows where it is, the rollout's answers, then the update."""
+
+from __future__ import annotations
+
+import torch
+
+import labkit
+from labkit.engines.base import Sampling
+from labkit.engines.hf import HFEngine, _ProgressCounter
+from labkit.progress import StepProgress, step_line
+
+
+class Bar:
+    """A stand-in for the tqdm bar: records what is drawn on it."""
+
+    def __init__(self):
+        self.postfixes, self.written, self.n, self.closed = [], [], 0, False
+
+    def set_postfix_str(self, text, refresh=True):
+        self.postfixes.append(text)
+
+    def write(self, text):
+        self.written.append(text)
+
+    def update(self, n):
+        self.n += n
+
+    def close(self):
+        self.closed = True
+
+
+def tiny_engine(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    return model, HFEngine(model, AutoTokenizer.from_pretrained(tiny_model_dir), max_batch=4)
+
+
+def test_the_counter_counts_finished_answers_and_their_tokens():
+    counter = _ProgressCounter(lambda *a: None, width=2, stop_ids=(9,), before=(4, 100), total=8)
+    ids = torch.tensor([[1, 1, 5, 9, 0, 0],   # stopped after 2 tokens
+                        [1, 1, 5, 5, 5, 5],   # still writing: 4 so far
+                        [0, 1, 9, 0, 0, 0]])  # stopped at once: 1 token
+    assert counter.count(ids[:, 2:]) == (2, 2 + 4 + 1)
+    assert counter.count(ids[:, 2:2]) == (0, 0)
+
+
+def test_the_engine_reports_answers_as_they_come(tiny_model_dir):
+    _, engine = tiny_engine(tiny_model_dir)
+    reports = []
+    engine.progress = lambda done, total, tokens: reports.append((done, total, tokens))
+    out = engine.generate([[5, 6, 7], [8, 9]], Sampling(n=4, max_tokens=6, seed=1))
+    written = sum(len(c.token_ids) for group in out for c in group)
+    assert reports[0] == (0, 8, 0)
+    assert (4, 8) == reports[-2][:2] and reports[-1] == (8, 8, written)  # after each batch of 4
+    assert [r[0] for r in reports] == sorted(r[0] for r in reports)
+
+
+def test_the_bar_shows_the_rollout_then_the_update(tiny_model_dir):
+    model, engine = tiny_engine(tiny_model_dir)
+    bar = Bar()
+    progress = StepProgress(3, 0, engine=engine, policy=model, samples=8, bar=bar)
+    engine.generate([[5, 6, 7], [8, 9]], Sampling(n=4, max_tokens=6, seed=1))
+    assert bar.postfixes[0] == "step 0 rollout: 0/8 answers, 0 tokens"
+    assert bar.postfixes[-1].startswith("step 0 rollout: 8/8 answers, ")
+    shown = len(bar.postfixes)
+    with torch.no_grad():  # e.g. reference log-probs: not an update pass
+        model(input_ids=torch.tensor([[5, 6]]))
+    assert len(bar.postfixes) == shown
+    for rows in (5, 3):
+        model(input_ids=torch.ones(rows, 4, dtype=torch.long))
+    assert bar.postfixes[shown:][0] == "step 0 update: micro-batch 1, 5/8 answers"
+    engine.generate([[5]], Sampling(n=2, max_tokens=2, temperature=0.0))  # evaluation after the update
+    assert bar.postfixes[-1].startswith("step 0 eval: 2/2 answers")
+    progress.advance({"rollout/step": 0, "rollout/raw_reward": 0.25, "rollout/tokens": 40,
+                      "perf/rollout_time": 12.0, "perf/actor_train_time": 8.5, "perf/step_time": 21.0})
+    assert bar.written == ["step 0: reward 0.250, 40 tokens; rollout 12.0 s, update 8.5 s, step 21.0 s"]
+    assert bar.n == 1 and progress.step == 1
+    engine.generate([[5]], Sampling(n=2, max_tokens=2, seed=1))
+    assert bar.postfixes[-1].startswith("step 1 rollout: 2/2 answers")
+    progress.close()
+    assert bar.closed and engine.progress is None
+    model(input_ids=torch.ones(2, 4, dtype=torch.long))  # the hook is gone
+    assert not bar.postfixes[-1].startswith("step 1 update")
+
+
+def test_step_line_without_times():
+    assert step_line({"rollout/step": 2, "rollout/raw_reward": 0.5}) == "step 2: reward 0.500"
+
+
+def test_a_run_shows_its_phases_and_a_line_per_step_and_no_heat_notice(tiny_cfg, capsys):
+    run = labkit.launch(tiny_cfg.replace(progress=True))
+    out, err = capsys.readouterr()
+    assert "step 0 rollout: 0/8 answers, 0 tokens" in err
+    assert "step 0 update: micro-batch 1" in err
+    assert "step 1 rollout:" in err
+    lines = [line.split("\r")[-1] for line in (out + err).split("\n")]
+    assert sum(line.startswith("step 0: reward ") for line in lines) == 1
+    assert sum(line.startswith("step 1: reward ") for line in lines) == 1
+    assert "heat guard" not in out + err  # no GPU here: nothing to say about heat
+    assert run.config["heat_guard"] == "off: no GPU"
