@@ -54,3 +54,42 @@ def test_no_evaluations_is_said(tmp_path):
     small_run(tmp_path, "a")
     with pytest.raises(AnalysisError, match="no run has held-out accuracy"):
         group_heldout(load_runs(tmp_path))
+
+
+def test_the_table_by_setting_reads_held_out_and_refuses_nothing_it_should_not(tmp_path):
+    """Splits of one budget (64 x 4, 32 x 8) are rows of one table; the held-out columns and
+    verdict come from eval.jsonl, with the standard error of one evaluation."""
+    from labkit.analysis import compare, heldout_plot
+
+    for seed, after in [(1, 0.30), (2, 0.34)]:
+        evaluated(small_run(tmp_path, f"p32-s{seed}", seed=seed, gain=0.05), 0.25, after)
+    for seed, after in [(1, 0.31), (2, 0.33)]:
+        evaluated(small_run(tmp_path, f"p64-s{seed}", seed=seed, prompts=64, group_size=4,
+                            gain=0.06), 0.25, after)
+    runs = load_runs(tmp_path)
+    with pytest.raises(AnalysisError, match="differ in prompts"):
+        compare(runs)  # by group size, other prompts are not seeds
+    table = compare(runs, by="setting")
+    rows = table.set_index("prompts x answers")
+    assert list(rows.index) == ["64 x 4", "32 x 8"]
+    assert rows.loc["32 x 8", "held-out before -> after"] == "0.250 -> 0.300 to 0.340 (SE 0.023)"
+    assert rows.loc["64 x 4", "held-out change"] == "+0.060 to +0.080"
+    verdict = table.attrs["heldout_verdict"]
+    assert verdict.startswith("Held-out: training moved it") and "Inside one range" in verdict
+    fig = heldout_plot(runs)
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert labels == ["64 x 4\n(2 seeds)", "32 x 8\n(2 seeds)"]
+
+
+def test_a_setting_outside_the_reference_range_is_named():
+    import pandas as pd
+
+    from labkit.analysis.heldout import heldout_verdict
+
+    table = pd.DataFrame([
+        dict(setting="32 x 8", group_size=8, seeds=3, before=0.25, after_low=0.30, after_high=0.32,
+             change_low=0.05, change_high=0.07, stderr=0.01),
+        dict(setting="64 x 4", group_size=4, seeds=3, before=0.25, after_low=0.26, after_high=0.27,
+             change_low=0.01, change_high=0.02, stderr=0.01)])
+    text = heldout_verdict(table, "32 x 8")
+    assert "moved it in some runs only" in text and "entirely outside: 64 x 4 (0.260 to 0.270)" in text

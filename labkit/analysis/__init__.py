@@ -16,7 +16,7 @@ face re-exports it:
   step numbers clean in every compared run;
 * labkit.analysis.table: `compare`, the course's table as display strings, and `render_table`;
 * labkit.analysis.plots: `reward_curve`, `rollout_time_curve`, `response_length_curve`,
-  `zero_std_curve`, and `plot_all` (every figure as PNG and SVG).
+  `zero_std_curve`, `heldout_plot`, and `plot_all` (every figure as PNG and SVG).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from labkit.analysis.costs import common_clean_steps, run_costs
 from labkit.analysis.gains import (EARLY, LATE, REFERENCE, SETTINGS, Verdict, bootstrap_gain,
                                    group_gains, inside_one_range, refuse_mixed_settings, run_gains,
                                    window_rewards)
-from labkit.analysis.heldout import group_heldout, heldout_gains, read_evaluations
-from labkit.analysis.plots import (plot_all, response_length_curve, reward_curve,
+from labkit.analysis.heldout import group_heldout, heldout_gains, heldout_verdict, read_evaluations
+from labkit.analysis.plots import (heldout_plot, plot_all, response_length_curve, reward_curve,
                                    rollout_time_curve, zero_std_curve)
 from labkit.metrics import STEP
 from labkit.analysis.runframe import (CONFIG_COLUMNS, CONSTRUCTED, HEAT_CLEAN, METRIC_FALLBACK,
@@ -46,11 +46,12 @@ __all__ = [
     "run_gains", "group_gains", "window_rewards", "bootstrap_gain", "inside_one_range", "Verdict",
     "EARLY", "LATE", "REFERENCE", "SETTINGS", "refuse_mixed_settings",
     # held-out accuracy (labkit.analysis.heldout)
-    "heldout_gains", "group_heldout", "read_evaluations",
+    "heldout_gains", "group_heldout", "heldout_verdict", "read_evaluations",
     # the cost (labkit.analysis.costs)
     "common_clean_steps", "run_costs",
     # the table and the command (labkit.analysis.table)
     "compare", "render_table", "check_comparable", "drop_unfinished",
     # the figures (labkit.analysis.plots)
-    "reward_curve", "rollout_time_curve", "response_length_curve", "zero_std_curve", "plot_all",
+    "reward_curve", "rollout_time_curve", "response_length_curve", "zero_std_curve",
+    "heldout_plot", "plot_all",
 ]

@@ -20,7 +20,10 @@ import numpy as np
 import pandas as pd
 
 from labkit.metrics import STEP
-from labkit.analysis.runframe import RESPONSE_LEN, ROLLOUT_TIME, TOKENS, Runs, as_runs, metric_values
+from labkit.analysis.runframe import (RESPONSE_LEN, ROLLOUT_TIME, TOKENS, ZERO_STD, Runs, as_runs,
+                                      metric_values)
+
+STEP_TIME = "perf/step_time"
 
 
 def common_clean_steps(runs: Runs, *, last_step: int | None = None) -> tuple[list[int], list[str]]:
@@ -44,10 +47,12 @@ def common_clean_steps(runs: Runs, *, last_step: int | None = None) -> tuple[lis
 def run_costs(runs: Runs, *, last_step: int | None = None) -> pd.DataFrame:
     """The cost of each run over its steps up to `last_step` (None: all).
 
-    One row per run: run, group_size, seed, steps, clean_steps (its own), common_clean_steps
-    (how many its time uses), time_s and basis (the median rollout time over the common clean
-    steps; else over its own clean steps when no step is clean in all; else over all steps,
-    "includes pauses"), time_all_s, tokens_per_step and response_len (means over the steps).
+    One row per run: run, group_size, setting ("32 x 8"), seed, steps, clean_steps (its own),
+    common_clean_steps (how many its time uses), time_s and basis (the median rollout time
+    over the common clean steps; else over its own clean steps when no step is clean in all;
+    else over all steps, "includes pauses"), time_all_s, step_time_s (median whole step),
+    tokens_per_step, response_len and zero_std (means over the steps; zero_std: the share of
+    groups whose answers all got one reward).
     """
     runs = as_runs(runs)
     common, left_out = common_clean_steps(runs, last_step=last_step)
@@ -70,12 +75,18 @@ def run_costs(runs: Runs, *, last_step: int | None = None) -> pd.DataFrame:
             basis, t = "own clean steps", time[clean].median()
         else:
             basis, t = "all steps, includes pauses", time.median()
+        prompts = run["prompts"].iat[0] if "prompts" in run else None
         rows.append(dict(
-            run=name, group_size=int(run.group_size.iat[0]), seed=run.seed.iat[0], steps=len(run),
+            run=name, group_size=int(run.group_size.iat[0]),
+            setting=(f"{int(prompts)} x {int(run.group_size.iat[0])}"
+                     if prompts is not None and pd.notna(prompts) else None),
+            seed=run.seed.iat[0], steps=len(run),
             clean_steps=int(clean.sum()),
             common_clean_steps=int(on_common.sum()) if basis == "common clean steps" else 0,
             time_s=t, basis=basis, time_all_s=time.median(),
+            step_time_s=metric_values(run, STEP_TIME).median(),
             tokens_per_step=metric_values(run, TOKENS).mean(),
             response_len=metric_values(run, RESPONSE_LEN).mean(),
+            zero_std=metric_values(run, ZERO_STD).mean(),
             heat_guard=bool(run.heat_guard.iat[0])))
     return pd.DataFrame(rows)

@@ -36,15 +36,22 @@ SETTINGS = {"prompts": "prompts per rollout (--rollout-batch-size)", "lr": "lear
 
 
 # ====================================================================== one setting
-def refuse_mixed_settings(runs: pd.DataFrame) -> None:
+def setting(prompts, answers) -> str:
+    """A setting of the rollout's shape, as the tables name it: "32 x 8" (prompts x answers)."""
+    return f"{int(prompts)} x {int(answers)}"
+
+
+def refuse_mixed_settings(runs: pd.DataFrame, *, by: str = "group_size") -> None:
     """Raise AnalysisError when the runs are not all seeds of one setting: they differ in
     prompts per rollout, learning rate or model (the columns of SETTINGS that `runs` has), or
     mix constructed runs with real ones. `runs`: a frame of runs, or of gains (run_gains).
+    With `by="setting"` (rows are prompts x answers) the prompts may differ.
 
     The message lists which runs share each value, and how to select one setting.
     """
     per_run = runs.groupby("run", sort=False).first()
-    differ = [c for c in SETTINGS if c in per_run and per_run[c].dropna().nunique() > 1]
+    differ = [c for c in SETTINGS if c in per_run and per_run[c].dropna().nunique() > 1
+              and not (by == "setting" and c == "prompts")]
     made_up = [str(r) for r in per_run.index if is_constructed(r)]
     problems = []
     if differ:
@@ -151,36 +158,53 @@ def run_gains(runs: Runs, *, early=EARLY, late=LATE, n_boot: int = 2000, ci: flo
         low, high = bootstrap_gain([(early_r, late_r)], rng, n_boot=n_boot, ci=ci)
         rows.append(dict(run=head.run, group_size=int(head.group_size),
                          prompts=head.get("prompts"), lr=head.get("lr"), seed=head.seed,
+                         setting=_setting_of(head),
                          early_mean=early_r.mean(), late_mean=late_r.mean(),
                          gain=late_r.mean() - early_r.mean(), ci_low=low, ci_high=high))
     return pd.DataFrame(rows)
 
 
 def group_gains(runs: Runs, *, early=EARLY, late=LATE, n_boot: int = 2000, ci: float = 0.95,
-                seed: int = 0, mixed: bool = False) -> pd.DataFrame:
-    """The gain per group size: one row per group size, smallest first.
+                seed: int = 0, mixed: bool = False, by: str = "group_size") -> pd.DataFrame:
+    """The gain per group size (or, `by="setting"`, per prompts x answers): one row each,
+    smallest first.
 
-    Columns: group_size, seeds (runs), seed_values, gains (one per run), spread_low and
-    spread_high (min and max over the seeds), mean_gain, ci_low and ci_high (bootstrap of the
-    mean gain over the steps of every seed; seeded by `seed` and the group size).
+    Columns: group_size (or setting), seeds (runs), seed_values, gains (one per run),
+    spread_low and spread_high (min and max over the seeds), mean_gain, ci_low and ci_high
+    (bootstrap of the mean gain over the steps of every seed; seeded by `seed` and the row).
     The runs must be seeds of one setting (refuse_mixed_settings) unless `mixed`.
     """
     runs = as_runs(runs)
     if not mixed:
-        refuse_mixed_settings(runs)
-    by_group: dict[int, list] = {}
+        refuse_mixed_settings(runs, by=by)
+    by_group: dict = {}
     for head, early_r, late_r in _windows(runs, early, late):
-        by_group.setdefault(int(head.group_size), []).append((head, early_r, late_r))
+        key = _setting_of(head) if by == "setting" else int(head.group_size)
+        by_group.setdefault(key, []).append((head, early_r, late_r))
     rows = []
-    for g in sorted(by_group):
+    for g in sorted(by_group, key=_order):
         members = by_group[g]
         pairs = [(early_r, late_r) for _, early_r, late_r in members]
         gains = [late_r.mean() - early_r.mean() for early_r, late_r in pairs]
-        low, high = bootstrap_gain(pairs, np.random.default_rng([seed, g]), n_boot=n_boot, ci=ci)
-        rows.append(dict(group_size=g, seeds=len(members), seed_values=[h.seed for h, _, _ in members],
+        rng = np.random.default_rng([seed, zlib.crc32(str(g).encode())])
+        low, high = bootstrap_gain(pairs, rng, n_boot=n_boot, ci=ci)
+        rows.append(dict(**{by: g}, seeds=len(members), seed_values=[h.seed for h, _, _ in members],
                          gains=gains, spread_low=min(gains), spread_high=max(gains),
                          mean_gain=float(np.mean(gains)), ci_low=low, ci_high=high))
     return pd.DataFrame(rows)
+
+
+def _setting_of(head) -> str | None:
+    prompts = head.get("prompts")
+    return setting(prompts, head.group_size) if prompts is not None and pd.notna(prompts) else None
+
+
+def _order(key):
+    """Settings in order of answers per prompt ("64 x 4" before "32 x 8"), group sizes by size."""
+    if isinstance(key, str):
+        prompts, answers = (int(x) for x in key.split(" x "))
+        return (answers, prompts)
+    return (key, 0)
 
 
 @dataclass
@@ -188,7 +212,7 @@ class Verdict:
     """The answer to "are all gains inside one range?": `inside` is None when it cannot be judged."""
 
     inside: bool | None
-    reference: int
+    reference: int | str
     low: float = float("nan")
     high: float = float("nan")
     outside: list[str] = field(default_factory=list)
@@ -198,43 +222,48 @@ class Verdict:
         return self.text
 
 
-def inside_one_range(gains: Runs, reference: int = REFERENCE, *, mixed: bool = False,
-                     **gain_options) -> Verdict:
-    """Does every run's gain fall inside the range (min to max) of the reference group's seeds?
+def inside_one_range(gains: Runs, reference: int | str = REFERENCE, *, mixed: bool = False,
+                     by: str = "group_size", **gain_options) -> Verdict:
+    """Does every run's gain fall inside the range (min to max) of the reference's seeds?
 
     `gains`: a frame from `run_gains`, or runs (then `gain_options` go to run_gains).
-    Returns a Verdict whose text says it in words; `inside` is None when the reference group
-    has a single seed. Raises AnalysisError when no run has the reference group size, and
+    `by`: "group_size" (reference: answers, e.g. 8) or "setting" (prompts x answers, e.g.
+    "32 x 8"). Returns a Verdict whose text says it in words; `inside` is None when the
+    reference has a single seed. Raises AnalysisError when no run has the reference, and
     when the runs are not seeds of one setting (refuse_mixed_settings) unless `mixed`.
     """
     if not (isinstance(gains, pd.DataFrame) and "gain" in gains):
         runs = as_runs(gains)
         if not mixed:
-            refuse_mixed_settings(runs)
+            refuse_mixed_settings(runs, by=by)
         gains = run_gains(runs, **gain_options)
     elif not mixed:
-        refuse_mixed_settings(gains)
-    ref = gains[gains.group_size == reference]
+        refuse_mixed_settings(gains, by=by)
+    what = (lambda key: f"{key} answers") if by == "group_size" else (lambda key: str(key))  # noqa: E731
+    ref = gains[gains[by] == reference]
     if ref.empty:
-        present = ", ".join(str(g) for g in sorted(gains.group_size.unique()))
-        raise AnalysisError(f"no run has {reference} answers per prompt (group sizes here: "
-                            f"{present}); pass reference= one of them, or add runs of {reference}")
+        present = ", ".join(str(g) for g in sorted(gains[by].dropna().unique(), key=_order))
+        kind = "group sizes" if by == "group_size" else "settings"
+        raise AnalysisError(f"no run has {what(reference)} ({kind} here: {present}); pass "
+                            f"reference= one of them, or add runs of {what(reference)}")
     low, high = ref.gain.min(), ref.gain.max()
     if len(ref) < 2:
         return Verdict(None, reference, low, high, text=(
-            f"Cannot judge: {reference} answers has one seed, and a range needs two or more; "
-            f"run more seeds of {reference} answers (--seed)"))
-    others = gains[gains.group_size != reference]
+            f"Cannot judge: {what(reference)} has one seed, and a range needs two or more; "
+            f"run more seeds of {what(reference)} (--seed)"))
+    others = gains[gains[by] != reference]
     out = others[(others.gain < low - 1e-12) | (others.gain > high + 1e-12)]
-    span = f"the {len(ref)} seeds at {reference} answers span {low:+.3f} to {high:+.3f}"
+    span = f"the {len(ref)} seeds at {what(reference)} span {low:+.3f} to {high:+.3f}"
     def listed(rows: pd.DataFrame) -> str:
-        return ", ".join(f"{r.run} ({r.group_size} answers) {r.gain:+.3f}" for r in rows.itertuples())
+        return ", ".join(f"{r.run} ({what(getattr(r, by))}) {r.gain:+.3f}" for r in rows.itertuples())
 
     if out.empty:
         text = (f"Inside one range: {span}, and every other run falls inside it"
-                f"{': ' + listed(others) if len(others) else ''}. No effect of the group size "
-                f"on the gain stands out from the seed noise.")
+                f"{': ' + listed(others) if len(others) else ''}. No effect of the "
+                f"{'group size' if by == 'group_size' else 'split'} on the gain stands out from "
+                f"the seed noise.")
     else:
         text = (f"Not inside one range: {span}, and {len(out)} run(s) fall outside: "
-                f"{listed(out)}. Run more seeds of those group sizes before calling it an effect.")
+                f"{listed(out)}. Run more seeds of those "
+                f"{'group sizes' if by == 'group_size' else 'settings'} before calling it an effect.")
     return Verdict(out.empty, reference, low, high, list(out.run), text)

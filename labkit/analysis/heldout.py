@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from labkit.analysis.gains import setting
 from labkit.analysis.runframe import AnalysisError, Runs, as_runs
 from labkit.runlog import EVAL
 
@@ -71,8 +72,9 @@ def heldout_gains(runs: Runs) -> pd.DataFrame:
 
 
 def group_heldout(runs: Runs) -> pd.DataFrame:
-    """One row per setting (prompts x answers): seeds, the 'before' accuracy, the range of
-    'after' over seeds, the range of the change, and the standard error of one evaluation.
+    """One row per setting (prompts x answers): setting ("32 x 8"), prompts, group_size,
+    seeds, the 'before' accuracy, the range of 'after' over seeds, the range of the change,
+    and the standard error of one evaluation.
     Raises AnalysisError when no run was evaluated at both ends."""
     gains = heldout_gains(runs)
     if gains.empty:
@@ -87,8 +89,36 @@ def group_heldout(runs: Runs) -> pd.DataFrame:
             + ". Compare the runs of one plan (e.g. data/runs/b256-*)")
     rows = []
     for (prompts, answers), g in gains.groupby(SETTING, sort=True):
-        rows.append({"prompts": prompts, "group_size": answers, "seeds": len(g),
+        rows.append({"setting": setting(prompts, answers), "prompts": prompts,
+                     "group_size": answers, "seeds": len(g),
                      "before": g.before.mean(), "after_low": g.after.min(), "after_high": g.after.max(),
                      "after_mean": g.after.mean(), "change_low": g.change.min(),
                      "change_high": g.change.max(), "stderr": g.stderr.mean(), "n": int(g.n.max())})
     return pd.DataFrame(rows)
+
+
+def heldout_verdict(table: pd.DataFrame, reference: int | str, *, by: str = "setting") -> str:
+    """In words, from group_heldout's table: did training move held-out accuracy (every run's
+    change against two standard errors of one evaluation), and does any setting's range of
+    'after' lie outside the reference's seed range?"""
+    se = float(table.stderr.mean())
+    low, high = table.change_low.min(), table.change_high.max()
+    moved = ("moved it" if low > 2 * se else "did not move it clearly" if high < 2 * se
+             else "moved it in some runs only")
+    text = [f"Held-out: training {moved}: from {table.before.mean():.3f} before, every run changed "
+            f"by {low:+.3f} to {high:+.3f} ({low / se:.1f} to {high / se:.1f} standard errors of "
+            f"one evaluation, {se:.3f})."]
+    key = table.setting if by == "setting" else table.group_size
+    ref = table[key == reference]
+    if ref.empty or int(ref.seeds.iat[0]) < 2:
+        text.append(f"No seed range at {reference} to read the others against.")
+        return " ".join(text)
+    r = ref.iloc[0]
+    outside = [f"{k} ({row.after_low:.3f} to {row.after_high:.3f})"
+               for k, row in zip(key, table.itertuples())
+               if k != reference and (row.after_low > r.after_high or row.after_high < r.after_low)]
+    span = f"the {int(r.seeds)} seeds at {reference} end at {r.after_low:.3f} to {r.after_high:.3f}"
+    text.append(f"Inside one range: {span}, and every other setting's range overlaps it."
+                if not outside else
+                f"Not inside one range: {span}; entirely outside: {', '.join(outside)}.")
+    return " ".join(text)

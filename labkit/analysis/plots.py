@@ -3,7 +3,8 @@
 One figure per question of the course: does the reward rise (with the two windows of the
 gain shaded, and the seeds of one group size as a min-max band around their mean), what does
 a rollout cost (with the heat pauses shaded, since a paused or throttled GPU makes a step
-look slow), how long are the answers, and how many groups taught nothing (all answers equal).
+look slow), how long are the answers, how many groups taught nothing (all answers equal),
+and did held-out accuracy move (per setting, with one evaluation's standard error).
 
 Every function takes the frame from `labkit.analysis.load_runs` (or paths) and returns a
 matplotlib Figure. Figures are closed in pyplot as soon as they are built, so a notebook
@@ -307,6 +308,44 @@ def _metric_curve(runs: Runs, metric: str, *, ax, ylabel: str, title: str,
 
 
 # ====================================================================== saving
+def heldout_plot(runs: Runs, *, ax=None) -> Figure:
+    """Held-out accuracy after training, one column per setting (prompts x answers): each
+    seed's accuracy as a dot with +-1 standard error of one evaluation, the starting model's
+    accuracy as a line across. Settings with no evaluation are left out."""
+    from labkit.analysis.heldout import heldout_gains
+
+    runs = as_runs(runs)
+    gains = heldout_gains(runs)
+    fig, ax, own = _single_axes(ax)
+    _title(fig, ax, "Held-out accuracy after training, by setting", runs)
+    if gains.empty:
+        _no_data(ax, "eval.jsonl (held-out accuracy)")
+        return fig
+    gains = gains.assign(key=[f"{int(p)} x {int(n)}" for p, n in zip(gains.prompts, gains.group_size)])
+    order = sorted(gains.key.unique(), key=lambda k: (int(k.split(" x ")[1]), int(k.split(" x ")[0])))
+    for x, key in enumerate(order):
+        mine = gains[gains.key == key].sort_values("seed")
+        offsets = [0.0] if len(mine) == 1 else [(-0.12 + 0.24 * i / (len(mine) - 1)) for i in range(len(mine))]
+        ax.errorbar([x + o for o in offsets], mine.after, yerr=mine.stderr, fmt="o", color=f"C{x}",
+                    capsize=3, ms=6, label=None)
+        for o, r in zip(offsets, mine.itertuples()):
+            ax.annotate(f"s{r.seed}", (x + o, r.after), textcoords="offset points", xytext=(6, -3),
+                        fontsize=7, color="0.35")
+    before = gains.before.mean()
+    ax.axhline(before, color="0.3", ls="--", lw=1)
+    ax.text(len(order) - 0.5, before, f"  before training {before:.3f}", va="bottom", ha="right",
+            fontsize=8, color="0.3")
+    ax.set_xticks(range(len(order)), [f"{k}\n({(gains.key == k).sum()} seeds)" for k in order])
+    ax.set_xlim(-0.5, len(order) - 0.5)
+    ax.set_xlabel("prompts x answers per step")
+    ax.set_ylabel(f"{gains.name.iat[0]} (greedy accuracy)")
+    ax.grid(axis="y", alpha=0.3)
+    low, high = ax.get_ylim()
+    ax.set_ylim(min(low, before - 0.1 * (high - low)), high)
+    _headroom(ax)
+    return fig
+
+
 def save_figure(fig: Figure, out_dir: str | os.PathLike, name: str) -> list[Path]:
     """Write `fig` as <out_dir>/<name>.png (150 dpi) and .svg; returns the two paths."""
     out = Path(out_dir)
@@ -327,4 +366,8 @@ def plot_all(runs: Runs, out_dir: str | os.PathLike, *, early=EARLY, late=LATE) 
         "response_length": response_length_curve(runs),
         "zero_std": zero_std_curve(runs),
     }
+    from labkit.analysis.heldout import heldout_gains
+
+    if not heldout_gains(runs).empty:
+        figures["heldout"] = heldout_plot(runs)
     return [p for name, fig in figures.items() for p in save_figure(fig, out_dir, name)]

@@ -1,10 +1,12 @@
-"""The group-size table: gains and rollout cost side by side, for one setting.
+"""The group-size table: gains, held-out accuracy and cost side by side, for one setting.
 
-One row per group size, as display strings: the gain of each seed and their spread, the
-bootstrap interval, the rollout time over the common clean steps and against the reference
-group size, tokens per step and answer length. The numbers come from labkit.analysis.gains and
-labkit.analysis.costs; this module checks that the runs compare one setting (only the group size
-and the seed may differ) and puts the numbers into words.
+One row per group size (or per prompts x answers, `by="setting"`, for splits of one sample
+budget), as display strings: the gain of each seed and their spread, the bootstrap
+interval, held-out accuracy before -> after training (seed range) when the runs were
+evaluated, the rollout and step time, tokens per step, the share of all-equal groups and
+the answer length. The numbers come from labkit.analysis.gains, .heldout and .costs; this
+module checks that the runs compare one setting (only the group size, or the split, and
+the seed may differ) and puts the numbers into words.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pandas as pd
 from labkit.analysis.costs import common_clean_steps, run_costs
 from labkit.analysis.gains import (EARLY, LATE, REFERENCE, check_window, group_gains,
                                    inside_one_range, refuse_mixed_settings, run_gains)
+from labkit.analysis.heldout import group_heldout, heldout_verdict
 from labkit.metrics import STEP
 from labkit.analysis.runframe import AnalysisError, Runs, as_runs
 
@@ -52,52 +55,90 @@ def check_comparable(runs: pd.DataFrame) -> list[str]:
 
 
 # ====================================================================== the table
-def compare(runs: Runs, *, reference: int = REFERENCE, early=EARLY, late=LATE,
-            n_boot: int = 2000, ci: float = 0.95, seed: int = 0,
-            mixed: bool = False) -> pd.DataFrame:
-    """The course's table: one row per group size, gains and cost, as display strings.
+def compare(runs: Runs, *, reference: int | str | None = None, early=EARLY, late=LATE,
+            n_boot: int = 2000, ci: float = 0.95, seed: int = 0, mixed: bool = False,
+            by: str = "group_size") -> pd.DataFrame:
+    """The course's table: one row per group size (or per setting), as display strings.
 
     `runs`: a frame from load_runs, or paths. Compares steps 0 to the end of `late` of each
-    run. Columns: group size, seeds, gain per seed, seed spread, gain interval, rollout time
-    (median over the common clean steps), time vs the reference, common clean steps, tokens
-    per step, response length. `table.attrs` holds "verdict" (text), "common_clean_steps"
-    (the step numbers) and "notes". Print with `render_table`; numbers are in run_gains,
-    group_gains and run_costs. Raises AnalysisError for runs that are not seeds of one
-    setting (refuse_mixed_settings); `mixed=True` compares them anyway, with a warning.
+    run. `by`: "group_size" (the runs share prompts per rollout; reference 8) or "setting"
+    (prompts x answers may both change, e.g. one sample budget split three ways; reference
+    "32 x 8"). Columns: the row's key, seeds, gain per seed, seed spread, gain interval,
+    held-out accuracy before -> after (seed range) and its change, when the runs were
+    evaluated; rollout time (median over the common clean steps), time vs the reference,
+    step time, tokens per step, all-equal groups, response length. `table.attrs` holds
+    "verdict" (the gains, in words), "heldout_verdict", "common_clean_steps" and "notes".
+    Print with `render_table`; the numbers are in run_gains, group_gains, group_heldout and
+    run_costs. Raises AnalysisError for runs that are not seeds of one setting
+    (refuse_mixed_settings); `mixed=True` compares them anyway, with a warning.
     """
+    if by not in ("group_size", "setting"):
+        raise ValueError(f"by={by!r}: use 'group_size' or 'setting'")
+    reference = reference if reference is not None else (REFERENCE if by == "group_size" else "32 x 8")
     runs = as_runs(runs)
     if not mixed:
-        refuse_mixed_settings(runs)
-    check_comparable(runs)
+        refuse_mixed_settings(runs, by=by)
+    if by == "group_size":
+        check_comparable(runs)
     options = dict(early=early, late=late, n_boot=n_boot, ci=ci, seed=seed)
-    gains = group_gains(runs, mixed=mixed, **options)
+    gains = group_gains(runs, mixed=mixed, by=by, **options)
     costs = run_costs(runs, last_step=check_window(late, "late")[1])
     try:
-        verdict = inside_one_range(run_gains(runs, **options), reference, mixed=mixed).text
+        verdict = inside_one_range(run_gains(runs, **options), reference, mixed=mixed, by=by).text
     except AnalysisError as e:
         verdict = f"Cannot judge: {e}"
-    ref_time, ref_basis = _group_time(costs[costs.group_size == reference])
+    heldout = _heldout_by(runs, by)
+    ref_time, ref_basis = _group_time(costs[costs[by] == reference])
     rows = []
     for g in gains.itertuples():
-        time, basis = _group_time(costs[costs.group_size == g.group_size])
-        mine = costs[costs.group_size == g.group_size]
-        rows.append({
-            "group size": g.group_size,
+        key = getattr(g, by)
+        time, basis = _group_time(costs[costs[by] == key])
+        mine = costs[costs[by] == key]
+        row = {
+            "group size" if by == "group_size" else "prompts x answers": key,
             "seeds": g.seeds,
             "gain per seed": ", ".join(f"{x:+.3f}" for x in g.gains),
             "seed spread": f"{g.spread_low:+.3f} to {g.spread_high:+.3f}" if g.seeds > 1 else "one seed",
             f"gain {ci:.0%} interval (steps resampled)": f"{g.ci_low:+.3f} to {g.ci_high:+.3f}",
+        }
+        if heldout is not None:
+            row.update(_heldout_cells(heldout.get(key)))
+        row.update({
             "rollout time (s)": _time_text(time, basis),
             f"time vs {reference}": (f"{time / ref_time:.2f}x" if basis == ref_basis ==
                                      "common clean steps" else "n/a"),
+            "step time (s)": _mean_text(mine.step_time_s, "{:.1f}"),
             "common clean steps": int(mine.common_clean_steps.max()),
             "tokens per step": _mean_text(mine.tokens_per_step, "{:,.0f}"),
+            "all-equal groups": _mean_text(mine.zero_std, "{:.0%}"),
             "response length (tokens)": _mean_text(mine.response_len, "{:.0f}"),
         })
+        rows.append(row)
     table = pd.DataFrame(rows)
     common, _ = common_clean_steps(runs, last_step=late[1])
-    table.attrs.update(verdict=verdict, common_clean_steps=common, notes=_cost_notes(costs, common))
+    table.attrs.update(verdict=verdict, common_clean_steps=common, notes=_cost_notes(costs, common),
+                       heldout_verdict=(heldout_verdict(group_heldout(runs), reference, by=by)
+                                        if heldout is not None else None))
     return table
+
+
+def _heldout_by(runs: pd.DataFrame, by: str) -> dict | None:
+    """group_heldout's rows by the table's key, or None when no run was evaluated."""
+    try:
+        table = group_heldout(runs)
+    except AnalysisError:
+        return None
+    key = table.setting if by == "setting" else table.group_size
+    return {k: r for k, r in zip(key, table.itertuples())}
+
+
+def _heldout_cells(h) -> dict:
+    if h is None:
+        return {"held-out before -> after": "not evaluated", "held-out change": ""}
+    after = (f"{h.after_low:.3f}" if h.seeds == 1 else f"{h.after_low:.3f} to {h.after_high:.3f}")
+    change = (f"{h.change_low:+.3f}" if h.seeds == 1 else f"{h.change_low:+.3f} to {h.change_high:+.3f}")
+    return {"held-out before -> after": f"{h.before:.3f} -> {after} (SE {h.stderr:.3f})",
+            "held-out change": change}
 
 
 def _group_time(costs: pd.DataFrame) -> tuple[float, str]:
