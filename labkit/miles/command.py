@@ -42,6 +42,9 @@ UNSUPPORTED = {
     "n_logged_prompts": "miles keeps no samples.jsonl (see its --save-debug-rollout-data)",
     "router_url": "only for --rollout-mode http, which --backend miles refuses; drop it",
     "max_open_requests": "only for --rollout-mode http, which --backend miles refuses; drop it",
+    "request_timeout": "only for --rollout-mode http, which --backend miles refuses; drop it",
+    "long_prompts": "miles drops prompts longer than its --rollout-max-prompt-len; set that in "
+                    "MILES_EXTRA_ARGS",
 }
 # --rollout-mode http is refused by its value (colocate is what miles does with --colocate).
 HTTP_ROLLOUTS = ("http sends each answer to the engines behind `labkit serve`'s router, and "
@@ -137,7 +140,8 @@ def build_command(
           "--rollout-top-p", _num(cfg.rollout_top_p), "--rollout-seed", str(cfg.seed)]
     # training: AdamW at a constant learning rate, as labkit's trainer
     a += ["--global-batch-size", str(cfg.global_batch_size),
-          "--micro-batch-size", str(cfg.micro_batch_size), "--optimizer", "adam",
+          "--micro-batch-size", str(min(cfg.micro_batch_size, cfg.global_batch_size)),
+          "--optimizer", "adam",
           "--lr", _num(cfg.lr), "--lr-decay-style", "constant",
           "--adam-beta1", _num(cfg.adam_beta1), "--adam-beta2", _num(cfg.adam_beta2),
           "--weight-decay", _num(cfg.weight_decay), "--clip-grad", _num(cfg.clip_grad),
