@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import warnings
 from pathlib import Path
 from typing import Sequence
 
-from labkit.config import (ConfigError, RunConfig, add_config_flags, build_parser as build_run_parser,
+from labkit.config import (RunConfig, add_config_flags, build_parser as build_run_parser,
                            config_from_flags, resolve_args)
+from labkit.errors import LabkitError, debug_enabled, one_line
 
 
 # ----------------------------------------------------------------------------- the parser
@@ -35,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="labkit", description=__doc__.split("\n")[0],
                                 epilog=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--debug", action="store_true",
+                   help="show the traceback of an error (also env LABKIT_DEBUG=1)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     # launch: its flags are RunConfig's; it reads them itself (miles' env vars come in order)
     launch = sub.add_parser("launch", add_help=False,
@@ -58,6 +62,8 @@ def launch_parser() -> argparse.ArgumentParser:
                      help="labkit: train here; miles: write the same recipe as a miles script")
     own.add_argument("--dry-run", action="store_true",
                      help="print the resolved config (or the miles script) and stop")
+    own.add_argument("--debug", action="store_true",
+                     help="show the traceback of an error (also env LABKIT_DEBUG=1)")
     return p
 
 
@@ -126,31 +132,48 @@ def serve_config(argv: Sequence[str]):
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    debug = debug_enabled()
+    while argv and argv[0] == "--debug":  # labkit --debug COMMAND ...
+        argv, debug = argv[1:], True
     if not argv:
         parser.print_help()
         return 2
     if argv[0] == "launch":  # its own parser: miles' env vars are applied around the flags
-        return _guarded("launch", launch, argv[1:])
+        rest = [a for a in argv[1:] if a != "--debug"]
+        return _guarded("launch", launch, rest, debug or len(rest) < len(argv) - 1)
     args = parser.parse_args(argv)
     commands = {"compare": compare, "replay": replay, "serve": serve, "students": students,
                 "fake-engine": fake_engine}
-    return _guarded(args.command, commands[args.command], args)
+    return _guarded(args.command, commands[args.command], args, debug)
 
 
-def _guarded(name: str, command, args) -> int:
-    """Run a command; a refusal (bad config, unreachable engines) is one line on stderr."""
+def _guarded(name: str, command, args, debug: bool = False) -> int:
+    """Run a command; a refusal or failure labkit knows (a LabkitError: bad config, data,
+    model, run folder, engines) is one line on stderr and its exit code. `--debug` or
+    LABKIT_DEBUG=1 lets the traceback through instead."""
     try:
         return command(args)
-    except ConfigError as e:
-        print(f"labkit {name}: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:  # engines over HTTP that cannot be reached: a message, no traceback
-        from labkit.engines.weight_sync import WeightSyncFailed
-        from labkit.serving.client import RouterUnavailable
-
-        if not isinstance(e, (RouterUnavailable, WeightSyncFailed)):
+    except LabkitError as e:
+        if debug:
             raise
-        print(f"labkit {name}: {e}", file=sys.stderr)
+        where = getattr(e, "labkit_run_dir", None)
+        more = f" (status and traceback: {Path(where) / 'status.json'})" if where else ""
+        print(f"labkit {name}: {one_line(e)}{more}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt as e:  # a second signal: the status is written already
+        if debug:
+            raise
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"labkit {name}: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+        return 128 + int(signum)
+    except Exception as e:
+        if debug:
+            raise
+        where = getattr(e, "labkit_run_dir", None)
+        trace = (f"the traceback is in {Path(where) / 'status.json'}" if where
+                 else "rerun with --debug (or LABKIT_DEBUG=1) for the traceback")
+        print(f"labkit {name}: {e.__class__.__name__}: {one_line(e)} (an error labkit did not "
+              f"expect; {trace})", file=sys.stderr)
         return 1
 
 
@@ -184,24 +207,32 @@ def launch(argv: list[str]) -> int:
     _say_batch(cfg)
     from labkit.trainer import train
 
-    run = train(cfg)
-    print(f"run log: {run.dir / 'metrics.jsonl'}")
-    return 0 if (run.status or {}).get("reason") != "error" else 1
+    return _ended(train(cfg))
 
 
 def _resume(run_dir: str, rest: list[str]) -> int:
     """Continue a run folder with its own config (flags may only change bookkeeping)."""
-    from labkit.runlog import saved_config
+    from labkit.runlog import RunLogError, saved_config
     from labkit.trainer import train
 
+    if not (Path(run_dir) / "config.json").is_file():
+        raise RunLogError(f"--resume {run_dir}: not a labkit run folder (no config.json); "
+                          f"name a folder under runs/")
     cfg = saved_config(run_dir)
     if rest:
         _, explicit = resolve_args(rest, env={})
         given = build_run_parser().parse_args(rest)
         cfg = cfg.replace(**{k: getattr(given, k) for k in explicit})
-    run = train(cfg.check(), resume=run_dir)
+    return _ended(train(cfg.check(), resume=run_dir))
+
+
+def _ended(run) -> int:
+    """Where the log is, and the exit code a queue reads: 0 completed, 124 time limit,
+    128 + signal, 1 error (labkit.stopping.exit_code)."""
+    from labkit.stopping import exit_code
+
     print(f"run log: {run.dir / 'metrics.jsonl'}")
-    return 0
+    return exit_code(run.status)
 
 
 def _say_batch(cfg: RunConfig) -> None:

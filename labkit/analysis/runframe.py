@@ -22,6 +22,7 @@ from typing import Sequence, Union
 import numpy as np
 import pandas as pd
 
+from labkit.errors import LabkitError
 from labkit.metrics import STEP
 from labkit.runlog import CONFIG, HEAT, METRICS, STATUS, read_jsonl
 
@@ -52,8 +53,10 @@ PathLike = Union[str, os.PathLike]
 Runs = Union[pd.DataFrame, PathLike, Sequence[PathLike]]
 
 
-class AnalysisError(ValueError):
+class AnalysisError(LabkitError, ValueError):
     """Runs that cannot be read or compared as asked; the message names the run and the fix."""
+
+    exit_code = 2
 
 
 def load_runs(paths: PathLike | Sequence[PathLike]) -> pd.DataFrame:

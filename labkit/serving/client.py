@@ -34,6 +34,7 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 import aiohttp
 
 from labkit.engines.base import Completion, Sampling
+from labkit.errors import LabkitError
 
 # Transient answers: overload (429, 503) and upstream failures a router reports as 5xx
 # (vllm-router answers 500 when an engine timed out). Other 4xx are the request's fault.
@@ -42,7 +43,7 @@ RETRY_STATUSES = (429, 500, 502, 503, 504)
 KNOWN_BODIES = {"no available workers": "no_available_workers"}
 
 
-class RolloutFailed(RuntimeError):
+class RolloutFailed(LabkitError, RuntimeError):
     """A request ran out of retry time (or met a status that is not retried): the step fails."""
 
     def __init__(self, request_id: str, attempts: int, last_status: Optional[int],
@@ -56,7 +57,7 @@ class RolloutStopped(RolloutFailed):
     """The watchdog stopped the rollout (a burst or a stall passed its limit)."""
 
 
-class RouterUnavailable(RuntimeError):
+class RouterUnavailable(LabkitError, RuntimeError):
     """The router URL does not answer its health check: the rollout is not started."""
 
 
