@@ -234,7 +234,7 @@ def test_launch_over_http_syncs_every_engine_after_every_step(tiny_cfg, tiny_mod
                       fake_vocab_size=vocab, log_dir=str(tmp_path / "serve"), startup_timeout_s=30)
     with Cluster(cfg) as cluster:
         run = train(tiny_cfg.replace(rollout_mode="http", router_url=cluster.url,
-                                     max_open_requests=4))
+                                     max_open_requests=4, save_interval=2))
         engine_logs = [cluster.log_dir / f"engine{i}.log" for i in range(2)]
     rows = run.metrics.to_dict("records")
     assert run.status["reason"] == "completed" and len(rows) == 2
