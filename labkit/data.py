@@ -57,6 +57,22 @@ def prompt_token_ids(tokenizer, question: str) -> list[int]:
     return list(tokenizer(text)["input_ids"])
 
 
+def truncated_prompt_ids(tokenizer, question: str, max_tokens: int) -> list[int]:
+    """The chat prompt of `question` with the question's end cut, so that it has at most
+    `max_tokens` tokens; ValueError when even an empty question does not fit."""
+    ids = prompt_token_ids(tokenizer, question)
+    words = tokenizer(question, add_special_tokens=False)["input_ids"]
+    keep = len(words)
+    for _ in range(20):  # a cut can re-tokenize a little longer: trim by the excess, again
+        if len(ids) <= max_tokens:
+            return ids
+        keep -= len(ids) - max_tokens
+        if keep <= 0:
+            raise ValueError(f"the prompt's instructions alone take more than {max_tokens} tokens")
+        ids = prompt_token_ids(tokenizer, tokenizer.decode(words[:keep]))
+    raise ValueError(f"could not cut the prompt to {max_tokens} tokens")
+
+
 def extract_label(answer: str) -> Optional[str]:
     """The label of a GSM8K answer: the text after its last `#### `, commas removed,
     stripped; None when there is no such line or it is empty."""

@@ -1,6 +1,7 @@
 """The GRPO loop end to end with a tiny random model: the log, the update, stop and resume."""
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from labkit.heat import HeatGuard, ScriptedSensor
 from labkit.metrics import METRICS, STEP
 from labkit.runlog import Run
 from labkit.runlog import RunLogError
+from labkit.errors import DataError
 from labkit.stopping import StopController
 from labkit.trainer import train
 
@@ -397,3 +399,33 @@ def test_second_sigterm_during_the_final_checkpoint_still_writes_the_status(tiny
     assert "a second signal cut the checkpoint of step 0 short" in run.status["message"]
     assert not [p for p in (run.dir / "checkpoint").iterdir() if ".tmp" in p.name]
     assert "signal: signal" not in out
+
+
+# ----------------------------------------------------------------------------- prompts too long
+def _data_with_a_long_question(tmp_path, chars: int) -> Path:
+    rows = [{"question": f"Ann has {k} pens and buys 2 more. How many pens?", "answer": f"#### {k + 2}"}
+            for k in range(6)]
+    rows[3]["question"] = "Count the pens. " + "pen " * (chars // 4) + "How many pens?"
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_prompt_longer_than_the_context_is_refused_before_the_rollout(tiny_cfg, tmp_path):
+    data = _data_with_a_long_question(tmp_path, 6000)  # the tiny model's context is 2,048
+    cfg = tiny_cfg.replace(data=str(data), rollout_batch_size=6, global_batch_size=24, num_rollout=1)
+    with pytest.raises(DataError, match=r"prompt long/train/3 is [\d,]+ tokens, and the model's "
+                                        r"context of 2,048 leaves 2,036 .*--long-prompts truncate"):
+        train(cfg)
+    run = Run(Path(cfg.output_dir) / cfg.run_name)
+    assert run.status["reason"] == "error" and "prompt long/train/3" in run.status["message"]
+    assert len(run.metrics) == 0
+
+
+def test_long_prompts_truncate_cuts_the_question(tiny_cfg, tmp_path, capsys):
+    data = _data_with_a_long_question(tmp_path, 6000)
+    cfg = tiny_cfg.replace(data=str(data), rollout_batch_size=6, global_batch_size=24,
+                           num_rollout=1, long_prompts="truncate")
+    run = train(cfg)
+    assert run.status["reason"] == "completed"
+    assert re.search(r"prompt long/train/3 cut from [\d,]+ to 2,03[0-6] tokens", capsys.readouterr().out)
