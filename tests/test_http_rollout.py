@@ -43,7 +43,7 @@ from fixtures_engines import have_router  # noqa: E402
 
 
 CLIENT = ["client/requests", "client/failed_attempts", "client/503s", "client/retried_requests",
-          "client/max_attempts", "client/engines_synced", "client/weights_write_time",
+          "client/max_attempts", "client/stalls", "client/engines_synced", "client/weights_write_time",
           "client/weights_load_time"]
 
 
@@ -84,10 +84,11 @@ def test_step_metrics_count_the_events_of_one_step_then_start_again():
     emit("fail", request_id="b", attempt=1, status=503, code="no_available_workers")
     emit("done", request_id="b", attempts=2)
     emit("done", request_id="c", attempts=1)
+    emit("stall", reason="no request completed for 60 s")  # the live watchdog's flag
     m = engine.step_metrics()
-    assert {k: m[k] for k in CLIENT[:5]} == {
+    assert {k: m[k] for k in CLIENT[:6]} == {
         "client/requests": 3, "client/failed_attempts": 3, "client/503s": 2,
-        "client/retried_requests": 2, "client/max_attempts": 3}
+        "client/retried_requests": 2, "client/max_attempts": 3, "client/stalls": 1}
     assert set(m) == set(CLIENT) and set(m) <= set(METRICS)
     assert engine.step_metrics()["client/requests"] == 0
     engine.close()
