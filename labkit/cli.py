@@ -5,7 +5,7 @@
     labkit launch --preset cpu                      # the embedded offline default (SmolLM2, CPU)
     labkit launch --resume runs/<name>              # continue a stopped run
     labkit launch --backend miles --dry-run         # print the same recipe as a miles command
-    labkit compare data/runs/*                      # the group-size table and plots
+    labkit compare data/runs/n*-lr1e-6-*            # the group-size table and plots
     labkit replay data/incidents/<log>.jsonl        # 503 bursts through the watchdog
     labkit serve --engines 2                        # engines behind a router, on loopback
     labkit students notebooks/                      # student notebooks, solutions stripped
@@ -68,7 +68,7 @@ def launch_parser() -> argparse.ArgumentParser:
 
 
 def _compare_flags(p: argparse.ArgumentParser) -> None:
-    from labkit.analysis.gains import REFERENCE
+    from labkit.analysis.gains import EARLY, LATE, REFERENCE
 
     p.add_argument("runs", nargs="+", help="run folders, or folders of run folders")
     p.add_argument("--out", default="compare", help="folder for the plots (default: compare)")
@@ -76,6 +76,23 @@ def _compare_flags(p: argparse.ArgumentParser) -> None:
                    help=f"reference group size (default {REFERENCE})")
     p.add_argument("--mixed", action="store_true",
                    help="compare runs that differ in learning rate, model or prompts per rollout")
+    p.add_argument("--early", type=_window, default=EARLY, metavar="A-B",
+                   help=f"steps of the early window (default {EARLY[0]}-{EARLY[1]})")
+    p.add_argument("--late", type=_window, default=LATE, metavar="A-B",
+                   help=f"steps of the late window (default {LATE[0]}-{LATE[1]}); "
+                        f"the gain is the late mean minus the early mean")
+
+
+def _window(text: str) -> tuple[int, int]:
+    """'16-23' (or '5', one step) as (first, last)."""
+    first, _, last = text.partition("-")
+    try:
+        a, b = int(first), int(last or first)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a window is FIRST-LAST, e.g. 16-23") from None
+    if not 0 <= a <= b:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 <= first <= last")
+    return a, b
 
 
 def _replay_flags(p: argparse.ArgumentParser) -> None:
@@ -258,11 +275,13 @@ def compare(a: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            runs = analysis.drop_unfinished(analysis.load_runs(a.runs))
+            runs = analysis.drop_unfinished(analysis.load_runs(a.runs), late=a.late)
             if not a.mixed:
                 analysis.refuse_mixed_settings(runs)
-            table = analysis.compare(runs, reference=a.reference)
+            table = analysis.compare(runs, reference=a.reference, early=a.early, late=a.late)
         except analysis.AnalysisError as e:
+            for w in caught:
+                print(f"warning: {w.message}", file=sys.stderr)
             print(f"labkit compare: {e}", file=sys.stderr)
             return 2
     for w in caught:
@@ -274,7 +293,7 @@ def compare(a: argparse.Namespace) -> int:
     print(f"\nCommon clean steps ({len(common)}): {analysis.steps_text(common) or 'none'}")
     for note in table.attrs["notes"]:
         print(f"- {note}")
-    written = analysis.plot_all(runs, Path(a.out))
+    written = analysis.plot_all(runs, Path(a.out), early=a.early, late=a.late)
     print(f"\nwrote {len(written)} files to {a.out}: {', '.join(p.name for p in written)}")
     return 0
 

@@ -113,3 +113,18 @@ def test_resume_of_a_folder_that_is_not_a_run_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"labkit launch: --resume {tmp_path}: not a labkit run folder (no config.json); "
                    f"name a folder under runs/"]
+
+
+def test_compare_takes_the_gain_windows_as_flags(tmp_path, capsys):
+    from fixtures_runs import small_run
+
+    for group, seed in [(4, 1), (8, 1), (8, 2)]:
+        small_run(tmp_path / "runs", f"n{group}-s{seed}", group_size=group, seed=seed, n_steps=3)
+    (tmp_path / "runs" / "README.md").write_text("three-step CPU runs\n")
+    runs = sorted(str(p) for p in (tmp_path / "runs").iterdir())
+    assert main(["compare", *runs, "--out", str(tmp_path / "plots")]) == 2
+    assert "--early 0-1 --late 2-2" in capsys.readouterr().err  # the default 16-23 is too late
+    assert main(["compare", *runs, "--early", "0-0", "--late", "2-2",
+                 "--out", str(tmp_path / "plots")]) == 0
+    captured = capsys.readouterr()
+    assert "group size" in captured.out and "skipped" in captured.err
