@@ -5,7 +5,8 @@ P prompts, scores them, turns rewards into group-relative advantages, takes
 prompts x answers / global-batch optimizer steps, hands the new weights to the engine and
 appends the step's metrics to the run log. Each phase runs inside a timer that becomes a
 `perf/<phase>_time` metric. The loop stops cleanly between steps on a time limit or a
-signal, and saves a checkpoint, so a run that dies loses at most the step in progress.
+signal, and saves what --resume needs (labkit.checkpoint), so a run that dies loses at most
+the step in progress; a resumed run logs no step twice, and a start that fails leaves nothing.
 """
 
 from __future__ import annotations
@@ -88,18 +89,18 @@ def train(cfg: RunConfig, *, resume: str | Path | None = None, engine: Engine | 
     # The time limit counts from here: a run queue's limit counts loading too. The reserve
     # keeps time for the final checkpoint (the course's run was stopped while shutting down).
     stopper = stopper or StopController(cfg.time_limit_seconds, reserve_s=CHECKPOINT_RESERVE_S)
-    run_dir, log, first_step = open_run_folder(cfg, resume)
-    try:
-        s = _start(cfg, log, resume, first_step, engine=engine, guard=guard)
-    except BaseException:
-        log.abandon() if resume is None else log.release()
-        raise
-    s.stopper, first_step = stopper, s.first_step
-    saves = SavePolicy(cfg.save_interval)
-    reason, message, last = "completed", "", first_step - 1
-    bar = _progress(cfg, first_step)
-    try:
-        with stopper, s.guard:  # the handlers stay until the status is written
+    with stopper:  # signals are caught from here, while loading too, until the status is written
+        run_dir, log, first_step = open_run_folder(cfg, resume)
+        try:
+            s = _start(cfg, log, resume, first_step, engine=engine, guard=guard)
+        except BaseException:
+            log.abandon() if resume is None else log.release()
+            raise
+        s.stopper, first_step = stopper, s.first_step
+        saves = SavePolicy(cfg.save_interval)
+        reason, message, last = "completed", "", first_step - 1
+        bar = _progress(cfg, first_step)
+        with s.guard:
             try:
                 for step in range(first_step, cfg.num_rollout):
                     why = stopper.should_stop()
@@ -121,8 +122,6 @@ def train(cfg: RunConfig, *, resume: str | Path | None = None, engine: Engine | 
                 _finish(s, reason, last, message, bar, saves, error=e)
                 raise
             _finish(s, reason, last, message, bar, saves)
-    finally:
-        log.release()
     return Run(run_dir)
 
 
@@ -436,26 +435,31 @@ def _finish(s: Session, reason: str, last: int, message: str, bar, saves: SavePo
     no checkpoint is written then: the previous one (if any) stays the one to resume from. A
     second signal may cut the checkpoint short; the status is written whatever happens.
     """
-    if bar is not None:
-        bar.close()
-    s.log.append_heat(p.to_dict() for p in s.guard.take_new_pauses())
-    note = _final_checkpoint(s, reason, last, saves)
-    if s.stopper is not None:
-        s.stopper.finishing()  # from here a signal is noted, never raised
-    extra = {}
-    if reason == "signal" and s.stopper is not None:
-        extra["signal"] = s.stopper.signal_name
-    if error is not None and reason == "error":
-        extra["traceback"] = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-        error.labkit_run_dir = s.log.dir  # the command line names the status file
     try:
-        s.log.write_status(reason, last, message + note, **extra)
-    except OSError as e:
-        print(f"labkit: could not write {s.log.dir / 'status.json'} ({e.strerror or e})", flush=True)
-    if s.owns_engine:
-        s.engine.close()
-    print(f"labkit: run stopped ({reason}{': ' + message if message else ''}{note}) after step "
-          f"{last}; log in {s.log.dir}", flush=True)
+        if bar is not None:
+            bar.close()
+        s.log.append_heat(p.to_dict() for p in s.guard.take_new_pauses())
+        note = _final_checkpoint(s, reason, last, saves)
+        if s.stopper is not None:
+            s.stopper.finishing()  # from here a signal is noted, never raised
+        extra = {}
+        if reason == "signal" and s.stopper is not None:
+            extra["signal"] = s.stopper.signal_name
+        if error is not None and reason == "error":
+            extra["traceback"] = "".join(traceback.format_exception(type(error), error,
+                                                                    error.__traceback__))
+            error.labkit_run_dir = s.log.dir  # the command line names the status file
+        try:
+            s.log.write_status(reason, last, message + note, **extra)
+        except OSError as e:
+            print(f"labkit: could not write {s.log.dir / 'status.json'} ({e.strerror or e})",
+                  flush=True)
+        if s.owns_engine:
+            s.engine.close()
+        print(f"labkit: run stopped ({reason}{': ' + message if message else ''}{note}) after "
+              f"step {last}; log in {s.log.dir}", flush=True)
+    finally:
+        s.log.release()  # the next trainer may take the folder
 
 
 def _final_checkpoint(s: Session, reason: str, last: int, saves: SavePolicy) -> str:

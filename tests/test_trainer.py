@@ -303,8 +303,14 @@ from labkit.cli import main
 
 torch.set_num_threads(1)  # as the tests' own process: the same sums, bit for bit
 checkpoint.AUTO_SAVE_S = float(sys.argv[1])  # 0: a rolling checkpoint after every step
-slow_save = sys.argv[2] == "slow-save"
+slow = sys.argv[2]  # slow-save, slow-setup or -
 orig_step, orig_save, real_torch_save = trainer.run_step, trainer.save_checkpoint, checkpoint.torch.save
+orig_setup = trainer.setup
+
+def slow_setup(*a, **k):       # a model that takes long to load: signals land in here
+    print("loading", flush=True)
+    time.sleep(3)
+    return orig_setup(*a, **k)
 
 def slow_step(s, step):
     out = orig_step(s, step)
@@ -325,8 +331,10 @@ def torch_save(obj, f):        # a checkpoint that takes long to write
     real_torch_save(obj, f)
 
 trainer.run_step, trainer.save_checkpoint = slow_step, save
-if slow_save:
+if slow == "slow-save":
     checkpoint.torch.save = torch_save
+if slow == "slow-setup":
+    trainer.setup = slow_setup
 sys.exit(main(["launch", *sys.argv[3:]]))
 """
 
@@ -339,12 +347,12 @@ def _flags(cfg) -> list[str]:
             "--run-name", cfg.run_name]
 
 
-def _start(tmp_path, cfg, auto_save_s: float, slow_save: bool) -> subprocess.Popen:
+def _start(tmp_path, cfg, auto_save_s: float, slow: str = "-") -> subprocess.Popen:
     script = tmp_path / "stoppable.py"
     script.write_text(STOPPABLE)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, str(script), str(auto_save_s),
-                             "slow-save" if slow_save else "-", *_flags(cfg)],
+                             slow, *_flags(cfg)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
@@ -361,7 +369,7 @@ def _wait_for(proc, prefix: str, seen: list, timeout_s: float = 120) -> None:
 def test_sigkill_after_a_rolling_checkpoint_resumes_like_an_uninterrupted_run(tiny_cfg, tmp_path, capsys):
     cfg = tiny_cfg.replace(num_rollout=4)
     full = train(cfg.replace(run_name="full", save_interval=4))
-    proc = _start(tmp_path, cfg.replace(run_name="killed"), auto_save_s=0.0, slow_save=False)
+    proc = _start(tmp_path, cfg.replace(run_name="killed"), auto_save_s=0.0)
     seen = []
     try:
         _wait_for(proc, "saved 1", seen)  # the rolling checkpoint after step 1
@@ -381,7 +389,7 @@ def test_sigkill_after_a_rolling_checkpoint_resumes_like_an_uninterrupted_run(ti
 
 def test_second_sigterm_during_the_final_checkpoint_still_writes_the_status(tiny_cfg, tmp_path):
     cfg = tiny_cfg.replace(num_rollout=3, run_name="twice")
-    proc = _start(tmp_path, cfg, auto_save_s=1e9, slow_save=True)
+    proc = _start(tmp_path, cfg, auto_save_s=1e9, slow="slow-save")
     seen = []
     try:
         _wait_for(proc, "step 0 done", seen)
@@ -429,3 +437,19 @@ def test_long_prompts_truncate_cuts_the_question(tiny_cfg, tmp_path, capsys):
     run = train(cfg)
     assert run.status["reason"] == "completed"
     assert re.search(r"prompt long/train/3 cut from [\d,]+ to 2,03[0-6] tokens", capsys.readouterr().out)
+
+
+def test_sigterm_while_loading_stops_before_the_first_step_with_a_status(tiny_cfg, tmp_path):
+    cfg = tiny_cfg.replace(num_rollout=3, run_name="early")
+    proc = _start(tmp_path, cfg, auto_save_s=1e9, slow="slow-setup")
+    seen = []
+    try:
+        _wait_for(proc, "loading", seen)
+        proc.send_signal(signal.SIGTERM)  # the handler was not installed yet: this killed it
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, "".join(seen) + out
+    run = Run(Path(cfg.output_dir) / "early")
+    assert run.status["reason"] == "signal" and run.status["last_step"] == -1
+    assert not (run.dir / "lock").exists()
