@@ -319,7 +319,7 @@ def serve(a: argparse.Namespace) -> int:
     """`labkit serve`: engines behind a router until Ctrl-C or --duration."""
     from labkit.serving.cluster import ServeConfig, serve as run_cluster
 
-    values = {k: v for k, v in vars(a).items() if k not in ("command", "duration")}
+    values = {k: v for k, v in vars(a).items() if k not in ("command", "duration", "debug")}
     return run_cluster(config_from_flags(ServeConfig, values), a.duration)
 
 

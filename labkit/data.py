@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
+from labkit.config import ConfigError
 from labkit.errors import DataError
 from labkit.reward import parse_number
 
@@ -55,6 +56,36 @@ def prompt_token_ids(tokenizer, question: str) -> list[int]:
     # a bare tokenizer (tiny test models): plain text with the same instructions
     text = "\n\n".join(m["content"] for m in messages) + "\n\nAnswer:"
     return list(tokenizer(text)["input_ids"])
+
+
+def fit_prompt(tokenizer, problem: Problem, ids: list[int], context: Optional[int],
+               max_response_len: int, *, truncate: bool = False) -> list[int]:
+    """`ids` (the prompt of `problem`) when they leave room for `max_response_len` answer
+    tokens in `context` (None: no limit known); else the question's end is cut (`truncate`)
+    or DataError names the problem and the fix.
+
+    Why: a 1 MB question became a 330,060-token prompt, and the process was killed for
+    memory during the rollout, with no message and no status."""
+    if context is None or len(ids) + max_response_len <= context:
+        return ids
+    limit = context - max_response_len
+    if limit < 1:
+        raise ConfigError(f"--rollout-max-response-len {max_response_len:,} leaves no room for a "
+                          f"prompt in the model's context of {context:,} tokens")
+    if not truncate:
+        raise DataError(
+            f"prompt {problem.id} is {len(ids):,} tokens, and the model's context of {context:,} "
+            f"leaves {limit:,} for a prompt after --rollout-max-response-len "
+            f"{max_response_len:,}; remove or shorten that problem, lower "
+            f"--rollout-max-response-len, or pass --long-prompts truncate")
+    try:
+        cut = truncated_prompt_ids(tokenizer, problem.question, limit)
+    except ValueError as e:
+        raise DataError(f"prompt {problem.id}: {e} (context {context:,} tokens minus "
+                        f"--rollout-max-response-len {max_response_len:,})") from None
+    print(f"labkit: prompt {problem.id} cut from {len(ids):,} to {len(cut):,} tokens "
+          f"(--long-prompts truncate)", flush=True)
+    return cut
 
 
 def truncated_prompt_ids(tokenizer, question: str, max_tokens: int) -> list[int]:

@@ -1,4 +1,4 @@
-"""labkit's refusals: one error family whose message is one line naming the flag or file and the fix.
+"""labkit's refusals: one error family, each message one line naming the flag or file and the fix.
 
 Every error a user can cause or meet (a bad flag, a data file that is not UTF-8, a model
 that is not a model, a run folder in use, engines that stopped answering) is a
@@ -30,6 +30,12 @@ class DataError(LabkitError, ValueError):
 
 class ModelError(LabkitError, RuntimeError):
     """A model that cannot be found or loaded; the message says how to get it."""
+
+    exit_code = 2
+
+
+class RunLogError(LabkitError, RuntimeError):
+    """A run folder that cannot be created, read or continued as asked."""
 
     exit_code = 2
 

@@ -190,6 +190,16 @@ def _first_line(e: Exception, limit: int = 200) -> str:
     return f"{e.__class__.__name__}: {text.splitlines()[0][:limit] if text else ''}"
 
 
+def context_length(model, engine=None) -> int | None:
+    """Most tokens (prompt and answer) the run can hold: the engine's limit (vLLM's
+    max_model_len) when it has one, else the model's positions; None when neither says."""
+    config = getattr(model, "config", None)
+    sizes = [getattr(config, k, None) for k in ("max_position_embeddings", "n_positions")]
+    sizes.append(getattr(engine, "max_model_len", None))
+    sizes = [x for x in sizes if isinstance(x, int) and x > 0]
+    return min(sizes) if sizes else None
+
+
 def stop_token_ids(tokenizer, model=None) -> tuple[int, ...]:
     """Token ids that end an answer: the tokenizer's EOS and the generation config's."""
     ids = set()

@@ -17,8 +17,8 @@ Layout of a run folder::
 `labkit.launch(cfg)` returns a `Run`; so does `Run("runs/<name>")` for a finished run. The
 same folder can be continued with `--resume`, which only accepts a config that matches the
 one the folder was started with (a few bookkeeping fields may change: RESUMABLE). One
-trainer writes a folder at a time: it holds `lock` (an flock the kernel drops when the
-process dies, so the lock of a killed run is taken over), and a second one is refused.
+trainer writes a folder at a time: it holds `lock` (labkit.runlock: an flock the kernel drops
+when the process dies, so the lock of a killed run is taken over); a second one is refused.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import tempfile
 import time
 from dataclasses import fields
@@ -35,8 +34,9 @@ from typing import Any, Iterable
 
 from labkit import __version__
 from labkit.config import RunConfig
-from labkit.errors import LabkitError
+from labkit.errors import RunLogError
 from labkit.metrics import STEP
+from labkit.runlock import RunLock
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -46,12 +46,6 @@ STATUS = "status.json"
 CHECKPOINT = "checkpoint"
 LOCK = "lock"
 SET_ASIDE = ".after-checkpoint"  # suffix of the lines a resumed run redoes, kept for the record
-
-
-class RunLogError(LabkitError, RuntimeError):
-    """A run folder that cannot be created, read or continued as asked."""
-
-    exit_code = 2
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -101,7 +95,7 @@ class RunLog:
     def __init__(self, run_dir: Path):
         self.dir = Path(run_dir)
         self.earlier: list[dict] = []  # statuses of the run's earlier launches (resumed runs)
-        self._lock = None  # the open lock file while this writer holds the folder
+        self._lock: RunLock | None = None  # held while this writer has the folder
         self._created: list[Path] = []  # folders this start made (removed if the start fails)
 
     # --- creating and opening -------------------------------------------------------
@@ -170,41 +164,14 @@ class RunLog:
 
     # --- one writer at a time ---------------------------------------------------------
     def lock(self) -> None:
-        """Hold the folder's lock file (pid, host, start time); refuse when a live trainer
-        holds it. The kernel drops the lock when its process dies, so a stale one is taken."""
-        path = self.dir / LOCK
-        for _ in range(5):
-            f = open(path, "a+")
-            if not _try_flock(f):
-                owner = _read_lock(path)
-                f.close()
-                raise RunLogError(
-                    f"{self.dir} is in use by another trainer (pid {owner.get('pid', '?')} on "
-                    f"{owner.get('host', '?')}, {path}); wait for it to stop or stop it, then "
-                    f"--resume {self.dir}")
-            if _same_file(f, path):  # not a file a releasing owner unlinked meanwhile
-                break
-            f.close()
-        else:
-            raise RunLogError(f"{path}: could not take the lock (it keeps changing)")
-        stale = _read_lock(path)
-        if stale.get("pid") and stale.get("pid") != os.getpid():
-            print(f"labkit: {path}: pid {stale['pid']} held this folder and is gone; taking it "
-                  f"over", flush=True)
-        f.seek(0)
-        f.truncate()
-        f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                            "started": time.time()}) + "\n")
-        f.flush()
-        self._lock = f
+        """Hold the folder's lock (labkit.runlock); RunLogError when a live trainer holds it."""
+        self._lock = RunLock.acquire(self.dir / LOCK)
 
     def release(self) -> None:
-        """Give the folder's lock back (the file goes, then the kernel lock)."""
-        if self._lock is None:
-            return
-        (self.dir / LOCK).unlink(missing_ok=True)
-        self._lock.close()
-        self._lock = None
+        """Give the folder's lock back."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def abandon(self) -> None:
         """Undo a start that failed: remove the folders it created (a new run leaves nothing
@@ -333,45 +300,6 @@ def _refuse_existing_run(run_dir: Path) -> None:
             f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, "
             f"or choose another --output-dir / --run-name"
         )
-
-
-def _try_flock(f) -> bool:
-    """Take an exclusive lock on an open file without waiting; True when taken."""
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): the pid in the file is all there is
-        owner = _read_lock(Path(f.name))
-        return not owner.get("pid") or not _alive(int(owner["pid"]))
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:
-        return False
-
-
-def _same_file(f, path: Path) -> bool:
-    try:
-        return os.fstat(f.fileno()).st_ino == path.stat().st_ino
-    except OSError:
-        return False
-
-
-def _read_lock(path: Path) -> dict:
-    try:
-        info = json.loads(Path(path).read_text() or "{}")
-        return info if isinstance(info, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ---------------------------------------------------------------- a run as the user holds it

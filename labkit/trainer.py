@@ -23,18 +23,18 @@ from labkit import data as datamod
 from labkit.actor import compute_logprobs, make_optimizer, pack_rollout, train_on_rollout
 from labkit.checkpoint import (CheckpointWriteFailed, SavePolicy, latest_checkpoint, load_checkpoint,
                                remove_auto_checkpoints, save_checkpoint, sweep_temp_files)
-from labkit.config import ConfigError, RunConfig
+from labkit.config import RunConfig
 from labkit.engines import make_engine
 from labkit.engines.base import Completion, Engine, Sampling
 from labkit.grpo import compute_advantages
 from labkit.heat import HeatGuard, is_clean, make_guard, pause_seconds_within
 from labkit.metrics import STEP
 from labkit.reward import load_reward, score
-from labkit.errors import DataError, LabkitError, one_line
+from labkit.errors import LabkitError, one_line
 from labkit.runlog import Run, RunLog, RunLogError, open_run_folder
 from labkit.stopping import SecondSignal, StopController
-from labkit.models import (default_device, load_policy, load_tokenizer, pick_dtype,
-                           resolve_model, stop_token_ids)
+from labkit.models import (context_length, default_device, load_policy, load_tokenizer,
+                           pick_dtype, resolve_model, stop_token_ids)
 
 
 CHECKPOINT_RESERVE_S = 30.0  # time kept for the final checkpoint under --time-limit
@@ -270,50 +270,16 @@ def log_samples(s: Session, step: int, rollout: Rollout, rewards: torch.Tensor) 
 
 def encode_prompt(s: Session, problem) -> list[int]:
     """Token ids of the chat prompt for a problem (cached by problem id), within the context
-    (a longer one is refused or cut before any engine sees it: see fit_context)."""
+    (a longer one is refused or cut before any engine sees it: labkit.data.fit_prompt)."""
     ids = s.prompt_cache.get(problem.id)
     if ids is None:
         ids = datamod.prompt_token_ids(s.tokenizer, problem.question)
-        ids = s.prompt_cache[problem.id] = fit_context(s, problem, ids)
+        ids = s.prompt_cache[problem.id] = datamod.fit_prompt(
+            s.tokenizer, problem, ids, context_length(s.policy, s.engine),
+            s.cfg.rollout_max_response_len, truncate=s.cfg.long_prompts == "truncate")
     return ids
 
 
-def fit_context(s: Session, problem, ids: list[int]) -> list[int]:
-    """`ids` when the prompt leaves room for --rollout-max-response-len in the context; else
-    cut (--long-prompts truncate) or refused with a DataError naming the problem.
-
-    Why: a 1 MB question became a 330,060-token prompt, and the process was killed for
-    memory during the rollout, with no message and no status."""
-    limit = prompt_limit(s)
-    if limit is None or len(ids) <= limit:
-        return ids
-    context = limit + s.cfg.rollout_max_response_len
-    if limit < 1:
-        raise ConfigError(f"--rollout-max-response-len {s.cfg.rollout_max_response_len:,} leaves "
-                          f"no room for a prompt in the model's context of {context:,} tokens")
-    if s.cfg.long_prompts == "truncate":
-        try:
-            cut = datamod.truncated_prompt_ids(s.tokenizer, problem.question, limit)
-        except ValueError as e:
-            raise DataError(f"prompt {problem.id}: {e} (context {context:,} tokens minus "
-                            f"--rollout-max-response-len {s.cfg.rollout_max_response_len:,})") from None
-        print(f"labkit: prompt {problem.id} cut from {len(ids):,} to {len(cut):,} tokens "
-              f"(--long-prompts truncate)", flush=True)
-        return cut
-    raise DataError(
-        f"prompt {problem.id} is {len(ids):,} tokens, and the model's context of {context:,} "
-        f"leaves {limit:,} for a prompt after --rollout-max-response-len "
-        f"{s.cfg.rollout_max_response_len:,}; remove or shorten that problem, lower "
-        f"--rollout-max-response-len, or pass --long-prompts truncate")
-
-
-def prompt_limit(s: Session) -> int | None:
-    """Most prompt tokens: the context (the engine's, else the model's) minus the answer's."""
-    config = getattr(s.policy, "config", None)
-    sizes = [getattr(config, k, None) for k in ("max_position_embeddings", "n_positions")]
-    sizes.append(getattr(s.engine, "max_model_len", None))
-    sizes = [int(x) for x in sizes if isinstance(x, int) and x > 0]
-    return min(sizes) - s.cfg.rollout_max_response_len if sizes else None
 
 
 # ----------------------------------------------------------------------------- setup
