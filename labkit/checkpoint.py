@@ -32,7 +32,7 @@ from labkit.runlog import CHECKPOINT, RunLogError, write_json_atomic
 
 LATEST = "latest.json"
 AUTO_SAVE_S = 600.0  # default policy: a rolling checkpoint once this long has passed since the last
-AUTO = ("stop", "rolling")  # checkpoints the default policy writes, and removes when the run completes
+AUTO = ("stop", "rolling")  # what the default policy writes, and removes when the run completes
 
 
 class SavePolicy:

@@ -159,7 +159,7 @@ class StopController:
 
     # --- signals --------------------------------------------------------------------
     def install(self) -> "StopController":
-        """Catch SIGTERM, SIGHUP and SIGINT (main thread only; elsewhere install nothing and say so)."""
+        """Catch SIGTERM, SIGHUP and SIGINT (main thread only; elsewhere install nothing, say so)."""
         if self.installed:
             return self
         if threading.current_thread() is not threading.main_thread():

@@ -115,7 +115,8 @@ def train(cfg: RunConfig, *, resume: str | Path | None = None, engine: Engine | 
                     log.append_step(metrics)
                     log.append_heat(p.to_dict() for p in s.guard.take_new_pauses())
                     s.phase, last = "logged", step
-                    stopper.record_step(metrics["perf/step_time"] + _save_between_steps(s, saves, step))
+                    saved_s = _save_between_steps(s, saves, step)  # counts toward the next estimate
+                    stopper.record_step(metrics["perf/step_time"] + saved_s)
                     _advance(bar, metrics)
             except BaseException as e:  # an engine that died, a second signal, a bug
                 reason, message = _failure(e, stopper)
@@ -354,14 +355,16 @@ def _check_resumable(log: RunLog, cfg: RunConfig, logged_next: int):
 def restore(s: Session, found) -> int:
     """Load the checkpoint `found` = (step, file) into the session, set aside what was logged
     after it; return the step to continue from (0 when `found` is None)."""
-    if found is None:
+    if found is None:  # samples of a step killed before its metrics line go aside too
+        s.log.set_aside_steps_after(-1)
         print(f"labkit: resuming {s.log.dir} from step 0 (no step was logged)", flush=True)
         return 0
     step, path = found
     load_checkpoint(path, s.policy, s.optimizer)
     s.engine.update_weights(s.policy)
     redo = s.log.set_aside_steps_after(step)
-    again = f"; steps {step + 1}-{step + redo} run again (their old lines: *.after-checkpoint)" if redo else ""
+    again = (f"; steps {step + 1}-{step + redo} run again (their old lines: *.after-checkpoint)"
+             if redo else "")
     print(f"labkit: resuming {s.log.dir} after step {step}{again}", flush=True)
     return step + 1
 
@@ -387,10 +390,12 @@ def _save_between_steps(s: Session, saves: SavePolicy, step: int) -> float:
 def _failure(e: BaseException, stopper: StopController) -> tuple[str, str]:
     """(reason, message) for the status of a run that an exception ended."""
     if isinstance(e, SecondSignal):
-        return "signal", f"{stopper.signal_name}, then a second one interrupted the step in progress"
+        return "signal", f"{stopper.signal_name}, then a second one interrupted the step"
     if isinstance(e, KeyboardInterrupt):
         return "interrupted", "KeyboardInterrupt"
-    return "error", (one_line(e) if isinstance(e, LabkitError) else f"{e.__class__.__name__}: {one_line(e)}")
+    if isinstance(e, LabkitError):
+        return "error", one_line(e)
+    return "error", f"{e.__class__.__name__}: {one_line(e)}"
 
 
 def _finish(s: Session, reason: str, last: int, message: str, bar, saves: SavePolicy,

@@ -453,3 +453,14 @@ def test_sigterm_while_loading_stops_before_the_first_step_with_a_status(tiny_cf
     run = Run(Path(cfg.output_dir) / "early")
     assert run.status["reason"] == "signal" and run.status["last_step"] == -1
     assert not (run.dir / "lock").exists()
+
+
+def test_a_run_killed_in_its_first_step_resumes_from_step_0_logging_each_sample_once(tiny_cfg):
+    from labkit.runlog import open_run_folder
+
+    run_dir, log, _ = open_run_folder(tiny_cfg, None)  # started, then killed in step 0
+    log.append_samples([{STEP: 0, "prompt_id": "synthetic/train/1", "completion": "old"}])
+    log.release()
+    resumed = train(tiny_cfg, resume=run_dir)
+    assert resumed.metrics[STEP].tolist() == [0, 1]
+    assert resumed.samples.groupby(STEP).size().tolist() == [8, 8]

@@ -148,7 +148,7 @@ def find_sources(paths: PathLike | Sequence[PathLike]) -> list[tuple[Path, bool]
             if len(items) > 1:  # `labkit compare data/runs/*` names the figures folder too
                 warnings.warn(f"skipped {problem}", stacklevel=3)
                 continue
-            raise AnalysisError(f"{problem}; name a run folder, a folder of them, or a miles log file")
+            raise AnalysisError(f"{problem}; name a run folder, a folder of them, or a miles log")
         found += [(p, False) for p in inside]
     unique, seen = [], set()
     for path, explicit in found:
