@@ -316,6 +316,8 @@ def check_config(cfg: RunConfig) -> None:
             raise ConfigError(
                 f"{_flag(f.name)} {getattr(cfg, f.name)!r} is not valid; valid: {', '.join(choices)}"
             )
+    if cfg.custom_rm_path is not None:
+        _check_custom_rm_path(str(cfg.custom_rm_path))
     if cfg.custom_rm_path is None:
         from labkit.reward import REWARDS
 
@@ -326,6 +328,17 @@ def check_config(cfg: RunConfig) -> None:
             )
     if cfg.time_limit is not None:
         parse_duration(cfg.time_limit)
+
+
+def _check_custom_rm_path(path: str) -> None:
+    """Refuse a --custom-rm-path that cannot name a function, or names a file that is not there
+    (before anything loads; the import itself happens when the run starts)."""
+    where, sep, name = path.rpartition(":")
+    if not sep or not where or not name:
+        raise ConfigError(f"--custom-rm-path {path!r}: use package.module:function or "
+                          f"path/to/file.py:function")
+    if (where.endswith(".py") or "/" in where) and not os.path.isfile(os.path.expanduser(where)):
+        raise ConfigError(f"--custom-rm-path {path!r}: no file {where}")
 
 
 # (field, lowest, highest, lowest allowed?, what the number is): ranges of the numeric knobs.

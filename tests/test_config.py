@@ -175,3 +175,10 @@ def test_an_unbalanced_quote_in_miles_extra_args_names_the_variable():
     with pytest.raises(ConfigError, match=r"MILES_EXTRA_ARGS: no closing quotation in "
                                           r"\"--lr '1e-5\"; balance the quotes"):
         config_from_args([], env={"MILES_EXTRA_ARGS": "--lr '1e-5"})
+
+
+def test_a_custom_reward_file_that_is_not_there_is_refused_before_loading(tmp_path):
+    with pytest.raises(ConfigError, match=r"--custom-rm-path '.*nope.py:score': no file .*nope.py"):
+        config_from_args(["--custom-rm-path", f"{tmp_path}/nope.py:score"], env={})
+    with pytest.raises(ConfigError, match="use package.module:function"):
+        config_from_args(["--custom-rm-path", "no_colon"], env={})
