@@ -5,7 +5,7 @@
     labkit launch --preset cpu                      # the embedded offline default (SmolLM2, CPU)
     labkit launch --resume runs/<name>              # continue a stopped run
     labkit launch --backend miles --dry-run         # print the same recipe as a miles command
-    labkit compare data/runs/*                      # the group-size table and plots
+    labkit compare data/runs/n*-lr1e-6-*            # the group-size table and plots
     labkit replay data/incidents/<log>.jsonl        # 503 bursts through the watchdog
     labkit serve --engines 2                        # engines behind a router, on loopback
     labkit students notebooks/                      # student notebooks, solutions stripped
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Sequence
 
 from labkit.config import (ConfigError, RunConfig, add_config_flags, build_parser as build_run_parser,
                            config_from_flags, resolve_args)
+from labkit.errors import LabkitError, debug_enabled, one_line
 
 
 # ----------------------------------------------------------------------------- the parser
@@ -35,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="labkit", description=__doc__.split("\n")[0],
                                 epilog=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--debug", action="store_true",
+                   help="show the traceback of an error (also env LABKIT_DEBUG=1)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     # launch: its flags are RunConfig's; it reads them itself (miles' env vars come in order)
     launch = sub.add_parser("launch", add_help=False,
@@ -58,18 +62,55 @@ def launch_parser() -> argparse.ArgumentParser:
                      help="labkit: train here; miles: write the same recipe as a miles script")
     own.add_argument("--dry-run", action="store_true",
                      help="print the resolved config (or the miles script) and stop")
+    own.add_argument("--debug", action="store_true",
+                     help="show the traceback of an error (also env LABKIT_DEBUG=1)")
     return p
 
 
 def _compare_flags(p: argparse.ArgumentParser) -> None:
-    from labkit.analysis.gains import REFERENCE
+    from labkit.analysis.gains import EARLY, LATE, REFERENCE
 
     p.add_argument("runs", nargs="+", help="run folders, or folders of run folders")
     p.add_argument("--out", default="compare", help="folder for the plots (default: compare)")
-    p.add_argument("--reference", type=int, default=REFERENCE,
-                   help=f"reference group size (default {REFERENCE})")
+    p.add_argument("--by", choices=["group_size", "setting"], default="group_size",
+                   help="rows: group_size (runs share prompts per rollout), or setting (prompts "
+                        "x answers, e.g. one sample budget split three ways)")
+    p.add_argument("--reference", default=None,
+                   help=f"the row the others are read against: a group size (default {REFERENCE}) "
+                        f"or, with --by setting, prompts x answers (default '32 x 8')")
     p.add_argument("--mixed", action="store_true",
                    help="compare runs that differ in learning rate, model or prompts per rollout")
+    p.add_argument("--early", type=_window, default=EARLY, metavar="A-B",
+                   help=f"steps of the early window (default {EARLY[0]}-{EARLY[1]})")
+    p.add_argument("--late", type=_window, default=LATE, metavar="A-B",
+                   help=f"steps of the late window (default {LATE[0]}-{LATE[1]}); "
+                        f"the gain is the late mean minus the early mean")
+
+
+def _reference(a: argparse.Namespace):
+    """--reference as the table's key: a group size (a number) or a setting ("32 x 8")."""
+    if a.reference is None:
+        return None
+    text = " x ".join(part.strip() for part in str(a.reference).lower().split("x"))
+    if a.by == "group_size":
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"--reference {a.reference!r}: with --by group_size it is a number "
+                              f"of answers, e.g. 8") from None
+    return text
+
+
+def _window(text: str) -> tuple[int, int]:
+    """'16-23' (or '5', one step) as (first, last)."""
+    first, _, last = text.partition("-")
+    try:
+        a, b = int(first), int(last or first)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a window is FIRST-LAST, e.g. 16-23") from None
+    if not 0 <= a <= b:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 <= first <= last")
+    return a, b
 
 
 def _replay_flags(p: argparse.ArgumentParser) -> None:
@@ -129,31 +170,48 @@ def serve_config(argv: Sequence[str]):
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    debug = debug_enabled()
+    while argv and argv[0] == "--debug":  # labkit --debug COMMAND ...
+        argv, debug = argv[1:], True
     if not argv:
         parser.print_help()
         return 2
     if argv[0] == "launch":  # its own parser: miles' env vars are applied around the flags
-        return _guarded("launch", launch, argv[1:])
+        rest = [a for a in argv[1:] if a != "--debug"]
+        return _guarded("launch", launch, rest, debug or len(rest) < len(argv) - 1)
     args = parser.parse_args(argv)
     commands = {"compare": compare, "replay": replay, "serve": serve, "students": students,
                 "fake-engine": fake_engine}
-    return _guarded(args.command, commands[args.command], args)
+    return _guarded(args.command, commands[args.command], args, debug)
 
 
-def _guarded(name: str, command, args) -> int:
-    """Run a command; a refusal (bad config, unreachable engines) is one line on stderr."""
+def _guarded(name: str, command, args, debug: bool = False) -> int:
+    """Run a command; a refusal or failure labkit knows (a LabkitError: bad config, data,
+    model, run folder, engines) is one line on stderr and its exit code. `--debug` or
+    LABKIT_DEBUG=1 lets the traceback through instead."""
     try:
         return command(args)
-    except ConfigError as e:
-        print(f"labkit {name}: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:  # engines over HTTP that cannot be reached: a message, no traceback
-        from labkit.engines.weight_sync import WeightSyncFailed
-        from labkit.serving.client import RouterUnavailable
-
-        if not isinstance(e, (RouterUnavailable, WeightSyncFailed)):
+    except LabkitError as e:
+        if debug:
             raise
-        print(f"labkit {name}: {e}", file=sys.stderr)
+        where = getattr(e, "labkit_run_dir", None)
+        more = f" (status and traceback: {Path(where) / 'status.json'})" if where else ""
+        print(f"labkit {name}: {one_line(e)}{more}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt as e:  # a second signal: the status is written already
+        if debug:
+            raise
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"labkit {name}: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+        return 128 + int(signum)
+    except Exception as e:
+        if debug:
+            raise
+        where = getattr(e, "labkit_run_dir", None)
+        trace = (f"the traceback is in {Path(where) / 'status.json'}" if where
+                 else "rerun with --debug (or LABKIT_DEBUG=1) for the traceback")
+        print(f"labkit {name}: {e.__class__.__name__}: {one_line(e)} (an error labkit did not "
+              f"expect; {trace})", file=sys.stderr)
         return 1
 
 
@@ -187,24 +245,32 @@ def launch(argv: list[str]) -> int:
     _say_batch(cfg)
     from labkit.trainer import train
 
-    run = train(cfg)
-    print(f"run log: {run.dir / 'metrics.jsonl'}")
-    return 0 if (run.status or {}).get("reason") != "error" else 1
+    return _ended(train(cfg))
 
 
 def _resume(run_dir: str, rest: list[str]) -> int:
     """Continue a run folder with its own config (flags may only change bookkeeping)."""
-    from labkit.runlog import saved_config
+    from labkit.runlog import RunLogError, saved_config
     from labkit.trainer import train
 
+    if not (Path(run_dir) / "config.json").is_file():
+        raise RunLogError(f"--resume {run_dir}: not a labkit run folder (no config.json); "
+                          f"name a folder under runs/")
     cfg = saved_config(run_dir)
     if rest:
         _, explicit = resolve_args(rest, env={})
         given = build_run_parser().parse_args(rest)
         cfg = cfg.replace(**{k: getattr(given, k) for k in explicit})
-    run = train(cfg.check(), resume=run_dir)
+    return _ended(train(cfg.check(), resume=run_dir))
+
+
+def _ended(run) -> int:
+    """Where the log is, and the exit code a queue reads: 0 completed, 124 time limit,
+    128 + signal, 1 error (labkit.stopping.exit_code)."""
+    from labkit.stopping import exit_code
+
     print(f"run log: {run.dir / 'metrics.jsonl'}")
-    return 0
+    return exit_code(run.status)
 
 
 def _say_batch(cfg: RunConfig) -> None:
@@ -230,11 +296,14 @@ def compare(a: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            runs = analysis.drop_unfinished(analysis.load_runs(a.runs))
+            runs = analysis.drop_unfinished(analysis.load_runs(a.runs), late=a.late)
             if not a.mixed:
-                analysis.refuse_mixed_settings(runs)
-            table = analysis.compare(runs, reference=a.reference, mixed=a.mixed)
+                analysis.refuse_mixed_settings(runs, by=a.by)
+            table = analysis.compare(runs, reference=_reference(a), mixed=a.mixed, by=a.by,
+                                     early=a.early, late=a.late)
         except analysis.AnalysisError as e:
+            for w in caught:
+                print(f"warning: {w.message}", file=sys.stderr)
             print(f"labkit compare: {e}", file=sys.stderr)
             return 2
     for w in caught:
@@ -243,10 +312,12 @@ def compare(a: argparse.Namespace) -> int:
     print(analysis.render_table(table))
     print()
     print(table.attrs["verdict"])
+    if table.attrs.get("heldout_verdict"):
+        print(table.attrs["heldout_verdict"])
     print(f"\nCommon clean steps ({len(common)}): {analysis.steps_text(common) or 'none'}")
     for note in table.attrs["notes"]:
         print(f"- {note}")
-    written = analysis.plot_all(runs, Path(a.out))
+    written = analysis.plot_all(runs, Path(a.out), early=a.early, late=a.late)
     print(f"\nwrote {len(written)} files to {a.out}: {', '.join(p.name for p in written)}")
     return 0
 
@@ -272,7 +343,7 @@ def serve(a: argparse.Namespace) -> int:
     """`labkit serve`: engines behind a router until Ctrl-C or --duration."""
     from labkit.serving.cluster import ServeConfig, serve as run_cluster
 
-    values = {k: v for k, v in vars(a).items() if k not in ("command", "duration")}
+    values = {k: v for k, v in vars(a).items() if k not in ("command", "duration", "debug")}
     return run_cluster(config_from_flags(ServeConfig, values), a.duration)
 
 

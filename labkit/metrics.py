@@ -90,6 +90,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "client/503s": ("", "failed attempts answered 503 Service Unavailable (what the watchdog groups into bursts)"),
     "client/retried_requests": ("", "answered requests that needed more than one attempt"),
     "client/max_attempts": ("", "most attempts one request took"),
+    "client/stalls": ("", "stalls the watchdog flagged: no request completed for 60 s while the rollout was open"),
     "client/engines_synced": ("", "engines that loaded the new weights after the optimizer step"),
     "client/weights_write_time": ("s", "writing the weights file the engines load (part of perf/update_weights_time)"),
     "client/weights_load_time": ("s", "the engines loading it, in parallel (part of perf/update_weights_time)"),

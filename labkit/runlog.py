@@ -12,17 +12,21 @@ Layout of a run folder::
     heat.jsonl       one line per heat pause: start, end, seconds, peak_c, step
     eval.jsonl       one line per held-out evaluation (before the first step, after the last)
     status.json      why the run stopped: completed, time_limit, signal, error (with the last step)
-    checkpoint/      policy, optimizer and RNG state after the last finished step
+    checkpoint/      policy, optimizer and RNG state after a finished step (see labkit.checkpoint)
+    lock             the pid of the trainer writing the folder, while it runs (one at a time)
 
 `labkit.launch(cfg)` returns a `Run`; so does `Run("runs/<name>")` for a finished run. The
 same folder can be continued with `--resume`, which only accepts a config that matches the
-one the folder was started with (a few bookkeeping fields may change: RESUMABLE).
+one the folder was started with (a few bookkeeping fields may change: RESUMABLE). One
+trainer writes a folder at a time: it holds `lock` (labkit.runlock: an flock the kernel drops
+when the process dies, so the lock of a killed run is taken over); a second one is refused.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import fields
@@ -31,7 +35,9 @@ from typing import Any, Iterable
 
 from labkit import __version__
 from labkit.config import RunConfig
+from labkit.errors import RunLogError
 from labkit.metrics import STEP
+from labkit.runlock import RunLock
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -40,10 +46,8 @@ HEAT = "heat.jsonl"
 EVAL = "eval.jsonl"
 STATUS = "status.json"
 CHECKPOINT = "checkpoint"
-
-
-class RunLogError(RuntimeError):
-    """A run folder that cannot be read or continued as asked."""
+LOCK = "lock"
+SET_ASIDE = ".after-checkpoint"  # suffix of the lines a resumed run redoes, kept for the record
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -92,24 +96,32 @@ class RunLog:
 
     def __init__(self, run_dir: Path):
         self.dir = Path(run_dir)
+        self.earlier: list[dict] = []  # statuses of the run's earlier launches (resumed runs)
+        self._lock: RunLock | None = None  # held while this writer has the folder
+        self._created: list[Path] = []  # folders this start made (removed if the start fails)
 
     # --- creating and opening -------------------------------------------------------
     @classmethod
     def create(cls, run_dir: Path, config: dict) -> "RunLog":
-        """Start a new run folder; refuse one that already holds a run."""
+        """Start a new run folder and hold its lock; refuse one that already holds a run.
+        Raises OSError when the folder cannot be made (the caller names the flag)."""
         run_dir = Path(run_dir)
-        if (run_dir / METRICS).exists() or (run_dir / CONFIG).exists():
-            raise RunLogError(
-                f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, "
-                f"or choose another --output-dir / --run-name"
-            )
+        _refuse_existing_run(run_dir)
+        log = cls(run_dir)
+        log._created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(run_dir / CONFIG, config)
-        return cls(run_dir)
+        try:
+            log.lock()
+            _refuse_existing_run(run_dir)  # another start may have written it meanwhile
+            write_json_atomic(run_dir / CONFIG, config)
+        except BaseException:
+            log.abandon()
+            raise
+        return log
 
     @classmethod
     def open(cls, run_dir: Path, *, repair: bool = False) -> "RunLog":
-        """Open an existing run folder to append to it (resume).
+        """Open an existing run folder to append to it (resume), holding its lock.
 
         A truncated last line in metrics.jsonl is an error unless `repair` is set, in which
         case that line is moved to `metrics.jsonl.truncated` (kept, not lost) and dropped.
@@ -118,28 +130,65 @@ class RunLog:
         if not (run_dir / CONFIG).exists():
             raise RunLogError(f"{run_dir} is not a labkit run folder (no {CONFIG})")
         log = cls(run_dir)
-        path = run_dir / METRICS
-        if path.exists():
-            text = path.read_text()
-            lines = text.splitlines(keepends=True)
-            if lines:
-                last = lines[-1]
-                try:
-                    json.loads(last)
-                    ok = last.endswith("\n")
-                except json.JSONDecodeError:
-                    ok = False
-                if not ok:
-                    if not repair:
-                        raise RunLogError(
-                            f"{path}: the last line is truncated (the run died while writing it)"
-                        )
-                    print(f"labkit: {path} ended in a truncated line (the run died while "
-                          f"writing it); moved it to {METRICS}.truncated", flush=True)
-                    with open(run_dir / (METRICS + ".truncated"), "a") as f:
-                        f.write(last.rstrip("\n") + "\n")
-                    write_text_atomic(path, "".join(lines[:-1]))
+        log.lock()
+        try:
+            log._repair_tail(repair)
+            old = log.status()
+            if old:
+                log.earlier = [*old.pop("earlier", []), old]
+        except BaseException:
+            log.release()
+            raise
         return log
+
+    def _repair_tail(self, repair: bool) -> None:
+        path = self.dir / METRICS
+        if not path.exists():
+            return
+        lines = path.read_text().splitlines(keepends=True)
+        if not lines:
+            return
+        last = lines[-1]
+        try:
+            json.loads(last)
+            ok = last.endswith("\n")
+        except json.JSONDecodeError:
+            ok = False
+        if ok:
+            return
+        if not repair:
+            raise RunLogError(f"{path}: the last line is truncated (the run died while writing it)")
+        print(f"labkit: {path} ended in a truncated line (the run died while "
+              f"writing it); moved it to {METRICS}.truncated", flush=True)
+        with open(self.dir / (METRICS + ".truncated"), "a") as f:
+            f.write(last.rstrip("\n") + "\n")
+        write_text_atomic(path, "".join(lines[:-1]))
+
+    # --- one writer at a time ---------------------------------------------------------
+    def lock(self) -> None:
+        """Hold the folder's lock (labkit.runlock); RunLogError when a live trainer holds it."""
+        self._lock = RunLock.acquire(self.dir / LOCK)
+
+    def release(self) -> None:
+        """Give the folder's lock back."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def abandon(self) -> None:
+        """Undo a start that failed: remove the folders it created (a new run leaves nothing
+        behind), or only the files it wrote into a folder that was there; release the lock."""
+        self.release()
+        if self._created:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            for parent in self._created[1:]:  # parents made for it, if nothing else is in them
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+        else:
+            for name in (CONFIG, "client.jsonl"):
+                (self.dir / name).unlink(missing_ok=True)
 
     # --- reading -------------------------------------------------------------------
     def config(self) -> dict:
@@ -159,19 +208,24 @@ class RunLog:
         return json.loads(p.read_text()) if p.exists() else None
 
     def set_aside_steps_after(self, step: int) -> int:
-        """Move step lines after `step` (logged past the last checkpoint) aside; return how many.
+        """Move the lines of steps after `step` (logged past the last checkpoint) aside, from
+        metrics, samples and heat; return how many steps.
 
-        They go to `metrics.jsonl.after-checkpoint`, kept for the record, since the resumed
-        run redoes those steps from the checkpoint.
+        They go to `<file>.after-checkpoint`, kept for the record, since the resumed run
+        redoes those steps from the checkpoint: each step is logged once.
         """
-        rows = self.steps()
-        keep = [r for r in rows if int(r[STEP]) <= step]
-        extra = [r for r in rows if int(r[STEP]) > step]
-        if extra:
-            self._append(METRICS + ".after-checkpoint", extra)
-            write_text_atomic(self.dir / METRICS, "".join(
-                json.dumps(r, default=_jsonable, sort_keys=True) + "\n" for r in keep))
-        return len(extra)
+        moved = 0
+        for name, key in ((METRICS, STEP), (SAMPLES, STEP), (HEAT, "step")):
+            rows, _ = read_jsonl(self.dir / name)
+            keep = [r for r in rows if not _after(r, key, step)]
+            extra = [r for r in rows if _after(r, key, step)]
+            if extra:
+                self._append(name + SET_ASIDE, extra)
+                write_text_atomic(self.dir / name, "".join(
+                    json.dumps(r, default=_jsonable, sort_keys=True) + "\n" for r in keep))
+            if name == METRICS:
+                moved = len(extra)
+        return moved
 
     # --- writing -------------------------------------------------------------------
     def append_step(self, metrics: dict) -> None:
@@ -195,10 +249,11 @@ class RunLog:
         write_json_atomic(self.dir / CONFIG, {**self.config(), **values})
 
     def write_status(self, reason: str, last_step: int, message: str = "", **extra) -> None:
-        write_json_atomic(
-            self.dir / STATUS,
-            {"reason": reason, "last_step": last_step, "message": message, **extra},
-        )
+        """Say why the run stopped; a resumed run keeps its earlier statuses under `earlier`."""
+        status = {"reason": reason, "last_step": last_step, "message": message, **extra}
+        if self.earlier:
+            status["earlier"] = self.earlier
+        write_json_atomic(self.dir / STATUS, status)
 
     def _append(self, name: str, rows: list[dict]) -> None:
         if not rows:
@@ -211,10 +266,16 @@ class RunLog:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Replace a text file's contents through a temp file and a rename (never half written)."""
+    """Replace a text file's contents through a temp file and a rename (never half written).
+    The file keeps its mode, or gets the user's umask when new (mkstemp alone gives 0600)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        try:
+            mode = path.stat().st_mode & 0o7777
+        except OSError:
+            mode = 0o666 & ~_umask()
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -223,6 +284,32 @@ def write_text_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process's umask (read from /proc where it can be, so it is not changed even briefly)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _after(row: dict, key: str, step: int) -> bool:
+    value = row.get(key)
+    return isinstance(value, (int, float)) and int(value) > step
+
+
+def _refuse_existing_run(run_dir: Path) -> None:
+    if (run_dir / METRICS).exists() or (run_dir / CONFIG).exists():
+        raise RunLogError(
+            f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, "
+            f"or choose another --output-dir / --run-name"
+        )
 
 
 # ---------------------------------------------------------------- a run as the user holds it
@@ -296,15 +383,24 @@ def config_mismatches(saved: RunConfig, given: RunConfig) -> list[str]:
 
 
 def open_run_folder(cfg: RunConfig, resume: str | Path | None) -> tuple[Path, RunLog, int]:
-    """Create the run folder, or open `resume` after checking its config matches `cfg`."""
+    """Create the run folder, or open `resume` after checking its config matches `cfg`.
+    Either way the returned RunLog holds the folder's lock (release it with log.release())."""
     if resume is None:
         run_dir = Path(cfg.output_dir) / (cfg.run_name or default_run_name(cfg))
-        log = RunLog.create(run_dir, {**cfg.to_dict(), "labkit_version": __version__})
+        try:
+            log = RunLog.create(run_dir, {**cfg.to_dict(), "labkit_version": __version__})
+        except OSError as e:
+            raise RunLogError(
+                f"--output-dir {cfg.output_dir}: cannot create the run folder {run_dir} "
+                f"({e.strerror or e}); choose a folder you can write to") from e
         return run_dir, log, 0
     run_dir = Path(resume)
+    if not run_dir.is_dir():
+        raise RunLogError(f"--resume {run_dir}: no such folder; name a run folder, e.g. runs/<name>")
     log = RunLog.open(run_dir, repair=True)
     bad = config_mismatches(saved_config(run_dir), cfg)
     if bad:
+        log.release()
         raise RunLogError(
             f"--resume {run_dir}: the config does not match the run folder:\n  " + "\n  ".join(bad)
             + "\nresume with the folder's config (labkit launch --resume DIR and no other flags)"

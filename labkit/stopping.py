@@ -1,11 +1,14 @@
-"""Stop a run between steps (time limit, SIGTERM, SIGINT), so its log is always complete.
+"""Stop a run between steps (time limit, SIGTERM, SIGHUP, SIGINT), so its log is always complete.
 
-Why: a run queue kills a container at its time limit, and a notebook's interrupt button sends
-SIGINT. Either one landing mid-step loses the step, and in the course's 16-answer run the queue's
-limit hit while the container shut down. So the loop asks `should_stop()` after each step:
+Why: a run queue kills a container at its time limit, a closed ssh session sends SIGHUP, and
+a notebook's interrupt button sends SIGINT. Any one landing mid-step loses the step, and in
+the course's 16-answer run the queue's limit hit while the container shut down. So the loop
+asks `should_stop()` after each step:
 
-- the first SIGTERM or SIGINT only sets a flag; the step in progress finishes and is logged;
-- a second one raises KeyboardInterrupt at once (the trainer then writes what it can atomically);
+- the first SIGTERM, SIGHUP or SIGINT only sets a flag; the step in progress finishes and is logged;
+- a second one raises `SecondSignal` (a KeyboardInterrupt) at once, also in the middle of
+  the final checkpoint; once the run is writing its status (`finishing()`), further signals
+  are only noted, so the status always lands;
 - with a time limit, the run does not start a step that would end past it.
 
 The estimate of the next step is the *longest* of the last `window` steps (default 5), not the
@@ -13,6 +16,10 @@ mean: step times jump (heat pauses, eval steps, long answers), overshooting the 
 step and maybe the checkpoint, while stopping one step early costs one step. `reserve_s` keeps
 time for the shutdown (the final checkpoint). Reasons read "<kind>: <detail>", kind being
 signal, time_limit, or what `request_stop` was given (status.json takes the kind).
+
+`exit_code(status)` is what `labkit launch` exits with, so a queue can tell the stops apart:
+0 completed, 124 time limit (as timeout(1)), 128 + the signal's number for a signal (143
+SIGTERM, 129 SIGHUP, 130 SIGINT), 1 an error.
 """
 
 from __future__ import annotations
@@ -25,7 +32,35 @@ import time
 from collections import deque
 from typing import Callable
 
-SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), signal.SIGINT) if s is not None)
+SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None),
+                            signal.SIGINT) if s is not None)
+TIME_LIMIT_EXIT = 124  # what timeout(1) exits with
+MAX_RESERVE_SHARE = 0.25  # the shutdown reserve never takes more than this share of the limit
+
+
+class SecondSignal(KeyboardInterrupt):
+    """A second signal: interrupt the step (or the final checkpoint) in progress now."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        name = signal.Signals(signum).name
+        super().__init__(f"second signal ({name}): interrupting the step in progress")
+
+
+def exit_code(status: dict | None) -> int:
+    """The exit code for a run's status: 0 completed, 124 time limit, 128 + signal, else 1."""
+    status = status or {}
+    reason = status.get("reason")
+    if reason == "completed":
+        return 0
+    if reason == "time_limit":
+        return TIME_LIMIT_EXIT
+    if reason == "signal" and status.get("signal"):
+        try:
+            return 128 + int(signal.Signals[status["signal"]])
+        except KeyError:
+            pass
+    return 1
 
 
 def print_notice(message: str) -> None:
@@ -46,7 +81,7 @@ class StopController:
 
     `time_limit_s`: wall-clock budget in seconds from construction (None: no limit), so create
     it first thing. `window`: steps the estimate looks back over. `reserve_s`: seconds kept for
-    the shutdown. `clock`: monotonic seconds (injectable for tests).
+    the shutdown, at most a quarter of the limit. `clock`: monotonic seconds (injectable for tests).
     `notify(message)`: notices (signal received, handlers not installed); default stderr.
     """
 
@@ -64,6 +99,8 @@ class StopController:
         if window < 1:
             raise ValueError(f"window must be >= 1 step, got {window}")
         self.time_limit_s, self.reserve_s = time_limit_s, float(reserve_s)
+        if time_limit_s is not None:  # a 20 s limit with the whole 30 s reserve ran no step
+            self.reserve_s = min(self.reserve_s, time_limit_s * MAX_RESERVE_SHARE)
         self._clock = clock
         self._t0 = clock()
         self._notify = notify or print_notice
@@ -71,6 +108,8 @@ class StopController:
         self.reason: str | None = None
         self._requested = False
         self.signal_count = 0
+        self.signal_name: str | None = None  # the first signal's name (SIGTERM, ...)
+        self._finishing = False
         self.installed = False
         self._previous: dict[int, object] = {}
 
@@ -120,11 +159,11 @@ class StopController:
 
     # --- signals --------------------------------------------------------------------
     def install(self) -> "StopController":
-        """Catch SIGTERM and SIGINT (main thread only; elsewhere install nothing and say so)."""
+        """Catch SIGTERM, SIGHUP and SIGINT (main thread only; elsewhere install nothing, say so)."""
         if self.installed:
             return self
         if threading.current_thread() is not threading.main_thread():
-            self._notify("not in the main thread: SIGTERM/SIGINT are not caught; "
+            self._notify("not in the main thread: SIGTERM/SIGHUP/SIGINT are not caught; "
                          "the run stops on its time limit or request_stop()")
             return self
         for sig in SIGNALS:
@@ -142,15 +181,25 @@ class StopController:
         self._previous.clear()
         self.installed = False
 
+    def finishing(self) -> None:
+        """The run is writing its status: from now on a signal is noted, never raised."""
+        self._finishing = True
+
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
         self.signal_count += 1
         if self.signal_count == 1:
+            self.signal_name = name
             self.request_stop(name, kind="signal")
             self._notify(f"{name}: stopping after the step in progress "
                          f"(send it again to interrupt now)")
             return
-        raise KeyboardInterrupt(f"second signal ({name}): interrupting the step in progress")
+        if self._finishing:
+            self._notify(f"{name}: already stopping; writing the run's status")
+            return
+        if self.signal_name is None:
+            self.signal_name = name
+        raise SecondSignal(signum)
 
     def __enter__(self) -> "StopController":
         return self.install()

@@ -5,7 +5,8 @@ P prompts, scores them, turns rewards into group-relative advantages, takes
 prompts x answers / global-batch optimizer steps, hands the new weights to the engine and
 appends the step's metrics to the run log. Each phase runs inside a timer that becomes a
 `perf/<phase>_time` metric. The loop stops cleanly between steps on a time limit or a
-signal, and saves a checkpoint, so a run that dies loses at most the step in progress.
+signal, and saves what --resume needs (labkit.checkpoint), so a run that dies loses at most
+the step in progress; a resumed run logs no step twice, and a start that fails leaves nothing.
 
 Held-out accuracy (labkit.evaluation) is measured before the first step and after the
 last, outside the steps' clocks. With `--overlap-rollout` the engine writes rollout k+1
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +30,8 @@ import torch
 
 from labkit import data as datamod
 from labkit.actor import compute_logprobs, make_optimizer, pack_rollout, train_on_rollout
-from labkit.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from labkit.checkpoint import (CheckpointWriteFailed, SavePolicy, latest_checkpoint, load_checkpoint,
+                               remove_auto_checkpoints, save_checkpoint, sweep_temp_files)
 from labkit.config import RunConfig
 from labkit.engines import keep, make_engine, resolve_engine
 from labkit.engines.base import Completion, Engine, Sampling
@@ -37,10 +40,11 @@ from labkit.grpo import compute_advantages
 from labkit.heat import HeatGuard, is_clean, make_guard, pause_seconds_within
 from labkit.metrics import STEP
 from labkit.reward import load_reward, score
-from labkit.runlog import Run, RunLog, open_run_folder
-from labkit.stopping import StopController
-from labkit.models import (default_device, load_policy, load_tokenizer, pick_dtype,
-                           resolve_model, stop_token_ids)
+from labkit.errors import LabkitError, one_line
+from labkit.runlog import Run, RunLog, RunLogError, open_run_folder
+from labkit.stopping import SecondSignal, StopController
+from labkit.models import (context_length, default_device, load_policy, load_tokenizer,
+                           pick_dtype, resolve_model, stop_token_ids)
 
 
 CHECKPOINT_RESERVE_S = 30.0  # time kept for the final checkpoint under --time-limit
@@ -79,6 +83,7 @@ class Session:
     stopper: StopController | None = None
     phase: str = "setup"  # rollout, train, logged: where a failure leaves the policy
     owns_engine: bool = True  # made by the trainer, so closed by it (a notebook runs several)
+    first_step: int = 0  # where this launch starts (after a resumed checkpoint)
     startup: dict = field(default_factory=dict)  # perf/startup_* of this process's first step
     prefetched: dict = field(default_factory=dict)  # --overlap-rollout: step -> its rollout
     policy_key: tuple = ()  # what the kept policy is (its starting-point results are cached)
@@ -88,48 +93,57 @@ class Session:
 # ----------------------------------------------------------------------------- the loop
 def train(cfg: RunConfig, *, resume: str | Path | None = None, engine: Engine | None = None,
           guard: HeatGuard | None = None, stopper: StopController | None = None) -> Run:
-    """Run GRPO for cfg.num_rollout steps (or continue `resume`); return the Run."""
+    """Run GRPO for cfg.num_rollout steps (or continue `resume`); return the Run.
+
+    A start that fails (data, model, engines) leaves no new run folder behind; a run folder
+    has one trainer at a time (its lock); a resumed run continues from a checkpoint or is
+    refused, so no step is logged twice.
+    """
     cfg.check()
     # The time limit counts from here: a run queue's limit counts loading too. The reserve
     # keeps time for the final checkpoint (the course's run was stopped while shutting down).
     stopper = stopper or StopController(cfg.time_limit_seconds, reserve_s=CHECKPOINT_RESERVE_S)
-    run_dir, log, first_step = open_run_folder(cfg, resume)
-    s = setup(cfg, log, engine=engine, guard=guard)
-    s.stopper = stopper
-    if resume is not None:
-        first_step = restore(s, first_step)
-    reason, message, last = "completed", "", first_step - 1
-    bar = _progress(s, first_step)
-    try:
-        with stopper, s.guard:
-            if first_step == 0:
-                log_evaluation(s, trained_steps=0, bar=bar)
-            for step in range(first_step, cfg.num_rollout):
-                why = stopper.should_stop()
-                if why:
-                    reason, message = why.split(":", 1)[0], why
-                    break
-                t0 = time.time()
-                metrics = run_step(s, step)
-                metrics["perf/step_time"] = time.time() - t0
-                metrics["time/start"], metrics["time/end"] = t0, time.time()
-                metrics.update(s.startup)  # the first step this process ran: where start-up went
-                s.startup = {}
-                log.append_step(metrics)
-                log.append_heat(p.to_dict() for p in s.guard.take_new_pauses())
-                s.phase, last = "logged", step
-                stopper.record_step(metrics["perf/step_time"])
-                if cfg.save_interval > 0 and (step + 1) % cfg.save_interval == 0:
-                    save_checkpoint(run_dir, step, s.policy, s.optimizer)
-                _advance(bar, metrics)
-                if step + 1 == cfg.num_rollout or (cfg.eval_interval and (step + 1) % cfg.eval_interval == 0):
-                    log_evaluation(s, trained_steps=step + 1, bar=bar)
-    except BaseException as e:  # an engine that died, a second Ctrl-C, a bug
-        reason = "interrupted" if isinstance(e, KeyboardInterrupt) else "error"
-        message = f"{e.__class__.__name__}: {e}"
-        _finish(s, run_dir, reason, last, message, bar)
-        raise
-    _finish(s, run_dir, reason, last, message, bar)
+    with stopper:  # signals are caught from here, while loading too, until the status is written
+        run_dir, log, first_step = open_run_folder(cfg, resume)
+        try:
+            s = _start(cfg, log, resume, first_step, engine=engine, guard=guard)
+        except BaseException:
+            log.abandon() if resume is None else log.release()
+            raise
+        s.stopper, first_step = stopper, s.first_step
+        saves = SavePolicy(cfg.save_interval)
+        reason, message, last = "completed", "", first_step - 1
+        bar = _progress(s, first_step)
+        with s.guard:
+            try:
+                if first_step == 0:
+                    log_evaluation(s, trained_steps=0, bar=bar)
+                for step in range(first_step, cfg.num_rollout):
+                    why = stopper.should_stop()
+                    if why:
+                        reason, message = (part.strip() for part in why.split(":", 1))
+                        break
+                    s.engine.begin_step(step)  # e.g. client.jsonl names the trainer's step
+                    t0 = time.time()
+                    metrics = run_step(s, step)
+                    metrics["perf/step_time"] = time.time() - t0
+                    metrics["time/start"], metrics["time/end"] = t0, time.time()
+                    metrics.update(s.startup)  # the first step this process ran: where start-up went
+                    s.startup = {}
+                    log.append_step(metrics)
+                    log.append_heat(p.to_dict() for p in s.guard.take_new_pauses())
+                    s.phase, last = "logged", step
+                    saved_s = _save_between_steps(s, saves, step)  # counts toward the next estimate
+                    stopper.record_step(metrics["perf/step_time"] + saved_s)
+                    _advance(bar, metrics)
+                    if step + 1 == cfg.num_rollout or (cfg.eval_interval
+                                                       and (step + 1) % cfg.eval_interval == 0):
+                        log_evaluation(s, trained_steps=step + 1, bar=bar)
+            except BaseException as e:  # an engine that died, a second signal, a bug
+                reason, message = _failure(e, stopper)
+                _finish(s, reason, last, message, bar, saves, error=e)
+                raise
+            _finish(s, reason, last, message, bar, saves)
     return Run(run_dir)
 
 
@@ -347,11 +361,17 @@ def log_samples(s: Session, step: int, rollout: Rollout, rewards: torch.Tensor) 
 
 
 def encode_prompt(s: Session, problem) -> list[int]:
-    """Token ids of the chat prompt for a problem (cached by problem id)."""
+    """Token ids of the chat prompt for a problem (cached by problem id), within the context
+    (a longer one is refused or cut before any engine sees it: labkit.data.fit_prompt)."""
     ids = s.prompt_cache.get(problem.id)
     if ids is None:
-        ids = s.prompt_cache[problem.id] = datamod.prompt_token_ids(s.tokenizer, problem.question)
+        ids = datamod.prompt_token_ids(s.tokenizer, problem.question)
+        ids = s.prompt_cache[problem.id] = datamod.fit_prompt(
+            s.tokenizer, problem, ids, context_length(s.policy, s.engine),
+            s.cfg.rollout_max_response_len, truncate=s.cfg.long_prompts == "truncate")
     return ids
+
+
 
 
 # ----------------------------------------------------------------------------- setup
@@ -438,43 +458,150 @@ def _say_startup(startup: dict, policy_reused: bool, engine_reused: bool) -> Non
     print(f"labkit: ready in {total:.1f} s ({'; '.join(parts)})", flush=True)
 
 
-def restore(s: Session, first_step: int) -> int:
-    """Load the newest checkpoint into the session; return the step to continue from."""
-    found = latest_checkpoint(s.log.dir)
-    if found is None:
+def _start(cfg: RunConfig, log: RunLog, resume, first_step: int, **kw) -> Session:
+    """Everything before the first step: what a resume needs is checked before anything
+    loads, then setup, then the checkpoint. Returns the session (first_step set)."""
+    _sweep_temp_files(log.dir)
+    found = _check_resumable(log, cfg, first_step) if resume is not None else None
+    s = setup(cfg, log, **kw)
+    s.first_step = restore(s, found) if resume is not None else 0
+    return s
+
+
+def _check_resumable(log: RunLog, cfg: RunConfig, logged_next: int):
+    """The checkpoint to resume from, or None when no step was logged (start at step 0).
+    Refuses (RunLogError naming what is missing) a run with logged steps and no checkpoint,
+    and a completed run with no steps left to run."""
+    found = latest_checkpoint(log.dir)
+    status = log.status() or {}
+    if found is not None and found[0] + 1 >= cfg.num_rollout:
+        raise RunLogError(
+            f"--resume {log.dir}: nothing to run, the checkpoint is after step {found[0]} and "
+            f"--num-rollout is {cfg.num_rollout}; pass a larger --num-rollout to train further")
+    if found is None and logged_next > 0:
+        why = ("it was started with --save-interval -1 (no checkpoints)" if cfg.save_interval < 0
+               else "it completed, and a completed run keeps none unless --save-interval K"
+               if status.get("reason") == "completed"
+               else "it was killed (SIGKILL, out of memory) before it wrote one")
+        raise RunLogError(
+            f"--resume {log.dir}: no checkpoint in {log.dir / 'checkpoint'} to continue from "
+            f"(steps 0-{logged_next - 1} are logged; {why}), so resuming would redo them; "
+            f"start a new run, with --save-interval K to keep a checkpoint every K steps")
+    return found
+
+
+def restore(s: Session, found) -> int:
+    """Load the checkpoint `found` = (step, file) into the session, set aside what was logged
+    after it; return the step to continue from (0 when `found` is None)."""
+    if found is None:  # samples of a step killed before its metrics line go aside too
+        s.log.set_aside_steps_after(-1)
+        print(f"labkit: resuming {s.log.dir} from step 0 (no step was logged)", flush=True)
         return 0
     step, path = found
     load_checkpoint(path, s.policy, s.optimizer)
     s.engine.update_weights(s.policy)
-    s.log.set_aside_steps_after(step)
-    print(f"labkit: resuming {s.log.dir} after step {step}", flush=True)
+    redo = s.log.set_aside_steps_after(step)
+    again = (f"; steps {step + 1}-{step + redo} run again (their old lines: *.after-checkpoint)"
+             if redo else "")
+    print(f"labkit: resuming {s.log.dir} after step {step}{again}", flush=True)
     return step + 1
 
 
-def _finish(s: Session, run_dir: Path, reason: str, last: int, message: str, bar) -> None:
-    """Checkpoint the last finished step and say why the run stopped.
+def _sweep_temp_files(run_dir: Path) -> None:
+    files, size = sweep_temp_files(run_dir)
+    if files:
+        print(f"labkit: removed {files} temporary file(s) ({size / 2**20:,.0f} MB) that a killed "
+              f"run left in {run_dir}", flush=True)
+
+
+def _save_between_steps(s: Session, saves: SavePolicy, step: int) -> float:
+    """A checkpoint after `step` when the policy asks for one; returns the seconds it took."""
+    why = saves.after_step(step)
+    if why is None:
+        return 0.0
+    t = time.time()
+    save_checkpoint(s.log.dir, step, s.policy, s.optimizer, why=why)
+    saves.saved(step)
+    return time.time() - t
+
+
+def _failure(e: BaseException, stopper: StopController) -> tuple[str, str]:
+    """(reason, message) for the status of a run that an exception ended."""
+    if isinstance(e, SecondSignal):
+        return "signal", f"{stopper.signal_name}, then a second one interrupted the step"
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted", "KeyboardInterrupt"
+    if isinstance(e, LabkitError):
+        return "error", one_line(e)
+    return "error", f"{e.__class__.__name__}: {one_line(e)}"
+
+
+def _finish(s: Session, reason: str, last: int, message: str, bar, saves: SavePolicy,
+            error: BaseException | None = None) -> None:
+    """Checkpoint what a resume needs, say why the run stopped (status.json), close the engine.
 
     After a failure in the middle of the optimizer steps the policy is ahead of the log, so
-    no checkpoint is written then: the previous one (if any) stays the one to resume from.
+    no checkpoint is written then: the previous one (if any) stays the one to resume from. A
+    second signal may cut the checkpoint short; the status is written whatever happens.
     """
-    if bar is not None:
-        bar.close()
-    s.log.append_heat(p.to_dict() for p in s.guard.take_new_pauses())
-    if s.cfg.save_interval < 0:
-        pass  # the user asked for no checkpoint (a throwaway run, e.g. a lesson's CPU step)
-    elif last >= 0 and s.phase != "train":
-        save_checkpoint(run_dir, last, s.policy, s.optimizer)
-    elif s.phase == "train":
-        message += (" (the failure came during the optimizer step, so the policy was not saved; "
-                    "--resume continues from the last checkpoint)")
-    s.log.write_status(reason, last, message)
-    if s.owns_engine:
-        s.engine.close()
-    elif reason in ("error", "interrupted") and keep.is_kept(s.engine):
-        keep.drop_engine()  # stopped mid-call, it may still hold requests: not for the next run
-    s.prefetched.clear()
-    print(f"labkit: run stopped ({reason}{': ' + message if message else ''}) after step {last}; "
-          f"log in {run_dir}", flush=True)
+    try:
+        if bar is not None:
+            bar.close()
+        s.log.append_heat(p.to_dict() for p in s.guard.take_new_pauses())
+        note = _final_checkpoint(s, reason, last, saves)
+        if s.stopper is not None:
+            s.stopper.finishing()  # from here a signal is noted, never raised
+        extra = {}
+        if reason == "signal" and s.stopper is not None:
+            extra["signal"] = s.stopper.signal_name
+        if error is not None and reason == "error":
+            extra["traceback"] = "".join(traceback.format_exception(type(error), error,
+                                                                    error.__traceback__))
+            error.labkit_run_dir = s.log.dir  # the command line names the status file
+        try:
+            s.log.write_status(reason, last, message + note, **extra)
+        except OSError as e:
+            print(f"labkit: could not write {s.log.dir / 'status.json'} ({e.strerror or e})",
+                  flush=True)
+        if s.owns_engine:
+            s.engine.close()
+        elif error is not None and keep.is_kept(s.engine):
+            keep.drop_engine()  # stopped mid-call, it may still hold requests: not for the next run
+        s.prefetched.clear()
+        print(f"labkit: run stopped ({reason}{': ' + message if message else ''}{note}) after "
+              f"step {last}; log in {s.log.dir}", flush=True)
+    finally:
+        s.log.release()  # the next trainer may take the folder
+
+
+def _final_checkpoint(s: Session, reason: str, last: int, saves: SavePolicy) -> str:
+    """Write the checkpoint a stop needs (labkit.checkpoint.SavePolicy), or remove the default
+    policy's when the run completed. Returns a note for the status ('' when all went well)."""
+    if s.phase == "train":
+        return ("; the failure came during the optimizer step, so the policy was not saved: "
+                + _resume_note(s.log.dir))
+    why = saves.at_end(last, completed=reason == "completed")
+    try:
+        if why is not None:
+            save_checkpoint(s.log.dir, last, s.policy, s.optimizer, why=why)
+            saves.saved(last)
+        elif reason == "completed" and s.cfg.save_interval == 0:
+            remove_auto_checkpoints(s.log.dir)
+    except CheckpointWriteFailed as e:
+        return f"; {e}; {_resume_note(s.log.dir)}"
+    except KeyboardInterrupt:
+        return f"; a second signal cut the checkpoint of step {last} short: {_resume_note(s.log.dir)}"
+    return ""
+
+
+def _resume_note(run_dir: Path) -> str:
+    try:
+        found = latest_checkpoint(run_dir)
+    except RunLogError:
+        found = None
+    if found is None:
+        return "there is no checkpoint, so --resume is refused"
+    return f"--resume continues after step {found[0]}, the last checkpoint"
 
 
 # ----------------------------------------------------------------------------- helpers

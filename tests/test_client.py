@@ -60,6 +60,10 @@ class Scripted:
             await asyncio.sleep(self.delay_s)
             if self.script:
                 status = self.script.pop(0)
+                if isinstance(status, str):  # a 200 with this body (e.g. cut short)
+                    return web.Response(status=200, text=status, content_type="application/json")
+                if isinstance(status, dict):  # a 200 with this JSON answer
+                    return web.json_response(status)
                 if status != 200:
                     return web.Response(status=status, text="No available workers (all circuits open or unhealthy)")
             return web.json_response(vllm_answer(body["prompt"]))
@@ -72,7 +76,7 @@ class Scripted:
     async def start(self):
         app = web.Application()
         app.add_routes([web.post("/v1/completions", self.completions), web.get("/health", self.health)])
-        self.runner = web.AppRunner(app)
+        self.runner = web.AppRunner(app, shutdown_timeout=1.0)  # a hanging handler is not waited for
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
@@ -269,3 +273,92 @@ def test_http_engine_groups_answers_by_prompt(tmp_path):
     assert sorted(b["seed"] for b in server.bodies[1:]) == [7, 8, 9, 10]  # the 503'd one is resent
     assert all(b["logprobs"] == 1 and b["return_tokens_as_token_ids"] for b in server.bodies)
     engine.close()  # update_weights: tests/test_http_rollout.py
+
+
+# ---------------------------------------------------------------------- bad replies
+class Serving:
+    """Run a Scripted server on its own loop in a thread, for the synchronous HttpEngine."""
+
+    def __init__(self, server):
+        self.server, self.loop = server, asyncio.new_event_loop()
+
+    def __enter__(self) -> str:
+        import threading
+
+        url = self.loop.run_until_complete(self.server.start())
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        return url
+
+    def __exit__(self, *exc):
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+def _events(path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_a_request_that_never_gets_an_answer_is_cancelled_at_its_timeout_and_the_stall_said(tmp_path):
+    async def go():
+        server = Scripted(delay_s=60.0)  # an engine that hangs
+        url = await server.start()
+        notes = []
+        client = RolloutClient(url, retry=RetryPolicy(request_timeout_s=2.5), notify=notes.append,
+                               watchdog=Watchdog(stall_s=0.5), log=EventLog(tmp_path / "c.jsonl"))
+        start = time.monotonic()
+        try:
+            with pytest.raises(RolloutFailed) as info:
+                await client.run([("s0-p0-a0", "/v1/completions", {"prompt": [1]})], step=0)
+            seconds = time.monotonic() - start
+        finally:
+            await server.stop()
+        return info.value, seconds, notes
+
+    err, seconds, notes = asyncio.run(go())
+    assert 2.0 < seconds < 10.0  # not the 600 s of the attempt timeout
+    assert "got no answer within its 2 s (--request-timeout)" in str(err)
+    assert len(notes) == 1 and "rollout stalled: no request completed for 0.5 s" in notes[0]
+    events = _events(tmp_path / "c.jsonl")
+    assert [e["event"] for e in events if e["event"] in ("stall", "fail", "gave_up")] == [
+        "stall", "fail", "gave_up"]
+    assert [e["code"] for e in events if e["event"] == "fail"] == ["timeout"]
+
+
+def test_a_200_cut_short_is_a_failed_attempt_that_is_retried(tmp_path):
+    cut = json.dumps(vllm_answer([1]))[:40]
+    answer, fake, lines = asyncio.run(post_once(Scripted([cut]), RetryPolicy(), tmp_path))
+    assert answer["choices"][0]["text"] == "ab"
+    fails = [x for x in lines if x["event"] == "fail"]
+    assert [(x["status"], x["code"]) for x in fails] == [(200, "bad_json")]
+    assert lines[-1]["event"] == "done" and lines[-1]["attempts"] == 2
+
+
+def test_empty_choices_are_retried_and_the_steps_are_the_trainers(tmp_path):
+    server = Scripted([{"choices": []}])
+    with Serving(server) as url:
+        engine = HttpEngine(url, log_path=tmp_path / "e.jsonl", retry=RetryPolicy(base_s=0.01, cap_s=0.02))
+        engine.begin_step(7)  # a resumed run's step 7
+        out = engine.generate([[10]], Sampling(n=2, max_tokens=2))
+        engine.generate([[20]], Sampling(n=1, temperature=0.0, max_tokens=2))  # its evaluation
+        engine.close()
+    assert [c.token_ids for c in out[0]] == [[11, 12], [11, 12]]
+    events = _events(tmp_path / "e.jsonl")
+    assert [(e["status"], e["code"]) for e in events if e["event"] == "fail"] == [(200, "bad_answer")]
+    starts = [(e["step"], e.get("phase")) for e in events if e["event"] == "step_start"]
+    assert starts == [(7, None), (7, "eval")]
+    done = sorted(e["request_id"] for e in events if e["event"] == "done")
+    assert done == ["s7-eval-p0-a0", "s7-p0-a0", "s7-p0-a1"]
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_naming_the_model(tmp_path):
+    server = Scripted([{**vllm_answer([500]), "model": "Qwen/Qwen2.5-7B"}])
+    with Serving(server) as url:
+        engine = HttpEngine(url, log_path=tmp_path / "e.jsonl", vocab_size=100,
+                            retry=RetryPolicy(base_s=0.01, cap_s=0.02))
+        with pytest.raises(RolloutFailed, match=r"serving 'Qwen/Qwen2.5-7B' answered token id 501, "
+                                                r"outside the trainer's vocabulary of 100"):
+            engine.generate([[500]], Sampling(n=1, max_tokens=2))
+        engine.close()
+    assert server.calls == 1  # not retried: asking again cannot help

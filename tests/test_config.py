@@ -118,3 +118,67 @@ def test_optional_number_flags_parse_as_numbers():
     assert cfg.rollout_kv_cache_gb == 8.0 and cfg.rollout_sleep is False
     with pytest.raises(ConfigError, match="--rollout-kv-cache-gb"):
         resolve_args(["--rollout-kv-cache-gb", "0"])
+
+
+# ------------------------------------------------------------------ numbers are checked
+FLOAT_FIELDS = [f.name for f in __import__("dataclasses").fields(RunConfig)
+                if str(f.type) in ("float", "Optional[float]")]
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("field", FLOAT_FIELDS)
+def test_every_float_flag_refuses_nan_and_infinity(field, bad):
+    flag = "--" + field.replace("_", "-")
+    with pytest.raises(ConfigError, match=f"{flag} must be a finite number, got {bad}"):
+        config_from_args([f"{flag}={bad}"], env={})
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--clip-grad=-1"], r"--clip-grad must be > 0 \(a negative threshold reverses every update"),
+    (["--clip-grad", "0"], "--clip-grad must be > 0"),
+    (["--weight-decay=-0.1"], "--weight-decay must be >= 0"),
+    (["--rollout-temperature", "0"], "--rollout-temperature must be > 0 .*greedy decoding is for "
+                                     "evaluation only"),
+    (["--adam-beta2", "1"], r"--adam-beta2 must be in \[0, 1\)"),
+    (["--kl-loss-coef=-1"], "--kl-loss-coef must be >= 0"),
+    (["--request-timeout", "0"], "--request-timeout must be > 0 seconds"),
+    (["--save-interval=-2"], "--save-interval must be a whole number >= -1"),
+])
+def test_numbers_out_of_range_name_the_flag(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from_args(flags, env={})
+
+
+def test_a_number_of_the_wrong_kind_is_refused_in_a_notebook():
+    with pytest.raises(ConfigError, match=r"--lr must be a number, got '1e-5'"):
+        RunConfig(lr="1e-5").check()
+
+
+def test_dry_run_checks_the_numbers_too(capsys):
+    from labkit.cli import main
+
+    assert main(["launch", "--dry-run", "--lr", "nan"]) == 2
+    assert capsys.readouterr().err.strip() == "labkit launch: --lr must be a finite number, got nan"
+
+
+def test_a_micro_batch_the_user_never_set_follows_a_small_global_batch():
+    cfg = config_from_args(["--rollout-batch-size", "1", "--n-samples-per-prompt", "4",
+                            "--global-batch-size", "4"], env={})
+    assert cfg.micro_batch_size == 4
+    with pytest.raises(ConfigError, match="--micro-batch-size 8 is larger than --global-batch-size 4"):
+        config_from_args(["--rollout-batch-size", "1", "--n-samples-per-prompt", "4",
+                          "--global-batch-size", "4", "--micro-batch-size", "8"], env={})
+    RunConfig(rollout_batch_size=1, n_samples_per_prompt=4, global_batch_size=4).check()
+
+
+def test_an_unbalanced_quote_in_miles_extra_args_names_the_variable():
+    with pytest.raises(ConfigError, match=r"MILES_EXTRA_ARGS: no closing quotation in "
+                                          r"\"--lr '1e-5\"; balance the quotes"):
+        config_from_args([], env={"MILES_EXTRA_ARGS": "--lr '1e-5"})
+
+
+def test_a_custom_reward_file_that_is_not_there_is_refused_before_loading(tmp_path):
+    with pytest.raises(ConfigError, match=r"--custom-rm-path '.*nope.py:score': no file .*nope.py"):
+        config_from_args(["--custom-rm-path", f"{tmp_path}/nope.py:score"], env={})
+    with pytest.raises(ConfigError, match="use package.module:function"):
+        config_from_args(["--custom-rm-path", "no_colon"], env={})

@@ -15,6 +15,7 @@ from labkit.data import (
     SYSTEM_PROMPT, Problem, build_messages, extract_label, load_problems, rollout_problems,
     split_eval, synthetic_problems,
 )
+from labkit.errors import DataError
 from labkit.reward import math_reward
 
 GSM8K = Path(__file__).parents[1] / ".." / "shared" / "data" / "gsm8k"
@@ -76,7 +77,9 @@ def test_malformed_rows_are_counted_and_skipped_with_one_warning(tmp_path):
     assert len(caught) == 1
     message = str(caught[0].message)
     assert "skipped 5 of 8 rows" in message
-    assert "2 no '#### ' answer line" in message and "1 not a JSON object" in message
+    # each reason names the file and line of its rows, so the user can fix them
+    assert "2 no '#### ' answer line (train.jsonl line 2, train.jsonl line 7)" in message
+    assert "1 not JSON (train.jsonl line 6)" in message
 
 
 def test_parquet_folder_single_file_and_limits(tmp_path):
@@ -98,9 +101,9 @@ def test_parquet_folder_single_file_and_limits(tmp_path):
 
 
 def test_missing_paths_and_empty_data_name_the_fix(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no such file or folder; use gsm8k, synthetic"):
+    with pytest.raises(DataError, match="no such file or folder; use gsm8k, synthetic"):
         load_problems(str(tmp_path / "nowhere"))
-    with pytest.raises(FileNotFoundError, match="no test.jsonl or test\\*.parquet"):
+    with pytest.raises(DataError, match="no test.jsonl or test\\*.parquet"):
         load_problems(str(tmp_path), "test")
     bad = _write_jsonl(tmp_path / "bad.jsonl", [json.dumps({"question": "Q", "answer": "A"})])
     with warnings.catch_warnings():
@@ -109,9 +112,36 @@ def test_missing_paths_and_empty_data_name_the_fix(tmp_path):
             load_problems(str(bad))
 
 
+def test_a_file_that_is_not_utf8_names_its_line(tmp_path):
+    folder = tmp_path / "latin"
+    folder.mkdir()
+    good = json.dumps(GOOD).encode()
+    (folder / "train.jsonl").write_bytes(good + b"\n" + good.replace(b"Ada", b"Ren\xe9e") + b"\n")
+    with pytest.raises(DataError, match=r"train.jsonl line 2: not UTF-8 text .*save the file as UTF-8"):
+        load_problems(str(folder))
+
+
+def test_a_file_of_bad_lines_names_them(tmp_path):
+    bad = _write_jsonl(tmp_path / "bad.jsonl", ["{not json", "[1, 2]", "{also not"])
+    with pytest.raises(DataError, match=r"no usable rows of 3: 2 not JSON \(bad.jsonl line 1, "
+                                        r"bad.jsonl line 3\); 1 not a JSON object \(bad.jsonl line 2\)"):
+        load_problems(str(bad))
+
+
+def test_gsm8k_offline_names_the_way_out(monkeypatch):
+    class Offline:
+        @staticmethod
+        def load_dataset(*a, **k):
+            raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setitem(sys.modules, "datasets", Offline)
+    with pytest.raises(DataError, match=r"--data gsm8k: could not load .*offline.*--data synthetic"):
+        load_problems("gsm8k")
+
+
 def test_gsm8k_without_datasets_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
-    with pytest.raises(ImportError, match=r"pip install 'labkit\[hub\]'.*local folder"):
+    with pytest.raises(DataError, match=r"pip install 'labkit\[hub\]'.*local folder"):
         load_problems("gsm8k")
 
 

@@ -95,3 +95,12 @@ def test_token_logprobs_match_log_softmax():
     assert torch.allclose(got, want, atol=1e-5)
     ent = token_entropy(torch.zeros(1, 1, 4))
     assert ent.item() == pytest.approx(math.log(4))
+
+
+@pytest.mark.parametrize("value", [0.7, 0.1, 1 / 3, 123.456, -0.3])
+@pytest.mark.parametrize("normalize_std", [True, False])
+def test_a_group_of_equal_rewards_gets_exactly_zero_advantage(value, normalize_std):
+    rewards = torch.tensor([[value] * 8, [0.0, 1.0] * 4])
+    adv = compute_advantages(rewards, normalize_std=normalize_std).values
+    assert torch.equal(adv[0], torch.zeros(8))  # eight 0.7s used to leak up to 0.06
+    assert adv[1].abs().sum() > 0

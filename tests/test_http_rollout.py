@@ -43,7 +43,7 @@ from fixtures_engines import have_router  # noqa: E402
 
 
 CLIENT = ["client/requests", "client/failed_attempts", "client/503s", "client/retried_requests",
-          "client/max_attempts", "client/engines_synced", "client/weights_write_time",
+          "client/max_attempts", "client/stalls", "client/engines_synced", "client/weights_write_time",
           "client/weights_load_time"]
 
 
@@ -84,10 +84,11 @@ def test_step_metrics_count_the_events_of_one_step_then_start_again():
     emit("fail", request_id="b", attempt=1, status=503, code="no_available_workers")
     emit("done", request_id="b", attempts=2)
     emit("done", request_id="c", attempts=1)
+    emit("stall", reason="no request completed for 60 s")  # the live watchdog's flag
     m = engine.step_metrics()
-    assert {k: m[k] for k in CLIENT[:5]} == {
+    assert {k: m[k] for k in CLIENT[:6]} == {
         "client/requests": 3, "client/failed_attempts": 3, "client/503s": 2,
-        "client/retried_requests": 2, "client/max_attempts": 3}
+        "client/retried_requests": 2, "client/max_attempts": 3, "client/stalls": 1}
     assert set(m) == set(CLIENT) and set(m) <= set(METRICS)
     assert engine.step_metrics()["client/requests"] == 0
     engine.close()
@@ -234,7 +235,7 @@ def test_launch_over_http_syncs_every_engine_after_every_step(tiny_cfg, tiny_mod
                       fake_vocab_size=vocab, log_dir=str(tmp_path / "serve"), startup_timeout_s=30)
     with Cluster(cfg) as cluster:
         run = train(tiny_cfg.replace(rollout_mode="http", router_url=cluster.url,
-                                     max_open_requests=4))
+                                     max_open_requests=4, save_interval=2))
         engine_logs = [cluster.log_dir / f"engine{i}.log" for i in range(2)]
     rows = run.metrics.to_dict("records")
     assert run.status["reason"] == "completed" and len(rows) == 2

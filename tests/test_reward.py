@@ -54,8 +54,18 @@ CASES = [
     ("First \\boxed{5}, then \\boxed{6}", "5", 0.0),
     ("#### 5\nwait, I made an error.\n#### 6", "6", 1.0),  # last #### wins
     ("#### 5\nwait, I made an error.\n#### 6", "5", 0.0),
-    ("#### 9\nor maybe \\boxed{8}", "9", 1.0),  # #### beats a later boxed
-    ("#### 9\nor maybe \\boxed{8}", "8", 0.0),
+    ("#### 9\nor maybe \\boxed{8}", "8", 1.0),  # the last marker wins, #### or boxed
+    ("#### 9\nor maybe \\boxed{8}", "9", 0.0),
+    # made-up rows in the shapes of real ones that scored 0: an early guess, a copied
+    # example, a quoted instruction, each followed by the right \boxed{}
+    ("Quick guess: #### 26\nChecking: 4 + 3 x 8 = 28, so \\boxed{28}", "28", 1.0),
+    ("Format, as in the example:\n#### 42\nNow mine: 3 + 4 = 7\n\\boxed{7}", "7", 1.0),
+    ("I must end with \\(#### \\) and the number. 5 x 3 = 15, \\boxed{15}", "15", 1.0),
+    ("\\boxed{5} was wrong\n#### 6", "6", 1.0),  # a later #### still beats a boxed
+    ("#### 2. Compute the total\nThe total is 2 + 8.", "2", 0.0),  # a numbered heading
+    ("#### x = 5", "5", 1.0),
+    ("#### \\[12\\]", "12", 1.0),
+    ("#### \\(12\\)", "12", 1.0),
     ("I think the answer is 42.", "42", 0.0),  # no final-answer marker
     ("", "42", 0.0),
     ("####", "42", 0.0),
@@ -78,7 +88,9 @@ def test_math_reward_table(response, label, expected):
     ("\\boxed{\\frac{1}{2}} and \\boxed{3}", "3"),
     ("\\boxed{\\boxed{3}}", "3"),
     ("\\boxed{ {a}{b} }", "{a}{b}"),
-    ("#### 4 \\boxed{5}", "4 \\boxed{5}"),
+    ("#### 4 \\boxed{5}", "5"),  # the boxed comes later
+    ("#### 2. Add them\n#### 3. Divide", None),
+    ("Format: \\(#### \\)", None),
     ("nothing here", None),
     ("\\boxed{1", None),
 ])
@@ -121,6 +133,16 @@ def test_adversarial_answers_score_zero_fast(name):
     start = time.perf_counter()
     assert math_reward(ADVERSARIAL[name], "42") == 0.0
     assert time.perf_counter() - start < 0.5
+
+
+def test_deeply_nested_calls_never_reach_sympy_and_leave_no_thread():
+    nested = "exp(" * 9 + "10" + ")" * 9  # nine nested calls: sympy ran >100 s on such a one
+    assert not reward.is_safe_for_sympy(nested)
+    before = {t for t in threading.enumerate() if t.name == "labkit-math-verify"}
+    start = time.perf_counter()
+    assert math_reward(f"#### {nested}", "5") == 0.0
+    assert time.perf_counter() - start < 0.1
+    assert {t for t in threading.enumerate() if t.name == "labkit-math-verify"} == before
 
 
 def test_non_strings_score_zero():

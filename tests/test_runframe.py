@@ -156,3 +156,30 @@ def test_truncated_last_line_warns(tmp_path):
         f.write('{"rollout/step": 24, "rollout/raw')
     with pytest.warns(UserWarning, match=r"skipped 1 unreadable line"):
         assert load_runs(run)["rollout/step"].max() == 23
+
+
+def test_a_file_that_is_not_a_run_is_skipped_with_a_line(tmp_path):
+    small_run(tmp_path, "n8-s1")
+    (tmp_path / "README.md").write_text("# our runs\n")
+    (tmp_path / "figures").mkdir()
+    paths = sorted(tmp_path.iterdir())  # what `labkit compare data/runs/*` passes
+    with pytest.warns(UserWarning) as caught:
+        frame = load_runs(paths)
+    assert set(frame.run) == {"n8-s1"}
+    messages = [str(w.message) for w in caught]
+    assert any(m.startswith(f"skipped {tmp_path / 'README.md'}: not a run folder or a miles log")
+               for m in messages)
+    assert any(m.startswith(f"skipped {tmp_path / 'figures'} holds no run folder") for m in messages)
+
+
+def test_a_copied_run_folder_is_one_run_not_two_seeds(tmp_path):
+    import shutil
+
+    run = small_run(tmp_path, "n8-s1")
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "run_name": None}))  # named by folder
+    shutil.copytree(run, tmp_path / "n8-s1-backup")
+    small_run(tmp_path, "n8-s2", seed=2)
+    with pytest.warns(UserWarning, match=r"n8-s1-backup is a copy of .*n8-s1 \(the same config"):
+        frame = load_runs(tmp_path)
+    assert sorted(frame.groupby("run").seed.first()) == [1, 2]

@@ -93,6 +93,26 @@ def test_reserve_keeps_time_for_the_shutdown_and_the_decision_stays():
     assert stop.should_stop() == reason and not stop.stop_requested
 
 
+def test_a_limit_shorter_than_the_reserve_still_runs_steps():
+    clock = FakeClock()
+    stop = StopController(20, clock=clock, reserve_s=30)  # --time-limit 20s ran zero steps
+    clock.t = 2.0
+    assert stop.should_stop() is None and stop.reserve_s == 5.0
+    assert run_steps(stop, clock, [4.0, 6.0]) == [None, "time_limit: next step would end at 18 s "
+                                                        "+ 5 s reserve > limit 20 s"]
+
+
+def test_exit_codes_tell_the_stops_apart():
+    from labkit.stopping import exit_code
+
+    assert exit_code({"reason": "completed"}) == 0
+    assert exit_code({"reason": "time_limit"}) == 124
+    assert exit_code({"reason": "signal", "signal": "SIGTERM"}) == 143
+    assert exit_code({"reason": "signal", "signal": "SIGHUP"}) == 129
+    assert exit_code({"reason": "signal", "signal": "SIGINT"}) == 130
+    assert exit_code({"reason": "error"}) == 1 and exit_code(None) == 1
+
+
 def test_time_already_spent_before_the_first_step():
     clock = FakeClock()
     stop = StopController(3600, clock=clock)
@@ -243,3 +263,24 @@ def test_second_sigterm_interrupts_the_step_at_once(tmp_path):
     assert time.monotonic() - t < 10              # not the 60 s the step would take
     assert proc.returncode == 130, err
     assert out.strip() == "interrupted in step 0: second signal (SIGTERM): interrupting the step in progress"
+
+
+def test_sighup_from_a_closed_session_stops_like_sigterm(tmp_path):
+    proc = start_loop(tmp_path, step_s=1.0)
+    try:
+        read_until(proc, "start 1")
+        proc.send_signal(signal.SIGHUP)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert out.strip().splitlines()[-1] == "stopped: signal: SIGHUP"
+
+
+def test_after_finishing_a_second_signal_is_only_noted():
+    notes = []
+    with StopController(None, notify=notes.append) as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        stop.finishing()  # the run is writing its status: nothing may cut that short
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.signal_count == 2 and "already stopping" in notes[-1]

@@ -1,6 +1,7 @@
 """The GRPO loop end to end with a tiny random model: the log, the update, stop and resume."""
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from labkit.heat import HeatGuard, ScriptedSensor
 from labkit.metrics import METRICS, STEP
 from labkit.runlog import Run
 from labkit.runlog import RunLogError
+from labkit.errors import DataError
 from labkit.stopping import StopController
 from labkit.trainer import train
 
@@ -42,7 +44,7 @@ def _steps(run: Run) -> list[dict]:
 def test_two_steps_log_every_field_and_change_the_weights(tiny_cfg, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    run = labkit.launch(tiny_cfg)
+    run = labkit.launch(tiny_cfg.replace(save_interval=2))  # a checkpoint to read the weights from
     rows = run.metrics.to_dict("records")
     assert [r[STEP] for r in rows] == [0, 1]
     for r in rows:
@@ -82,10 +84,10 @@ def test_several_optimizer_steps_per_rollout(tiny_cfg):
 
 
 def test_resume_equals_an_uninterrupted_run(tiny_cfg, tmp_path):
-    full = train(tiny_cfg.replace(num_rollout=4, run_name="full"))
-    part = train(tiny_cfg.replace(num_rollout=2, run_name="part"))
+    full = train(tiny_cfg.replace(num_rollout=4, run_name="full", save_interval=2))
+    part = train(tiny_cfg.replace(num_rollout=2, run_name="part", save_interval=2))
     assert part.status["reason"] == "completed"
-    resumed = train(tiny_cfg.replace(num_rollout=4, run_name="part"), resume=part.dir)
+    resumed = train(tiny_cfg.replace(num_rollout=4, run_name="part", save_interval=2), resume=part.dir)
     assert _steps(resumed) == _steps(full)
     a, b = _weights(full.dir), _weights(resumed.dir)
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -146,20 +148,20 @@ def test_heat_pause_before_the_rollout_keeps_the_step_clean(tiny_cfg):
 
 
 def test_truncated_log_line_is_kept_and_repaired_on_resume(tiny_cfg):
-    run = train(tiny_cfg)
+    run = train(tiny_cfg.replace(save_interval=1))
     with open(run.dir / "metrics.jsonl", "a") as f:
         f.write('{"rollout/step": 2, "rollout/raw_rew')  # a line cut by a crash
-    resumed = train(tiny_cfg.replace(num_rollout=3), resume=run.dir)
+    resumed = train(tiny_cfg.replace(num_rollout=3, save_interval=1), resume=run.dir)
     assert (run.dir / "metrics.jsonl.truncated").read_text().startswith('{"rollout/step": 2')
     assert resumed.metrics[STEP].tolist() == [0, 1, 2]
 
 
 def test_half_written_checkpoint_is_detected(tiny_cfg):
-    run = train(tiny_cfg)
+    run = train(tiny_cfg.replace(save_interval=1))
     step, path = latest_checkpoint(run.dir)
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(RunLogError, match="not a readable checkpoint"):
-        train(tiny_cfg.replace(num_rollout=3), resume=run.dir)
+        train(tiny_cfg.replace(num_rollout=3, save_interval=1), resume=run.dir)
     assert len(Run(run.dir).metrics) == 2  # nothing already written was lost
 
 
@@ -183,7 +185,7 @@ if __name__ == "__main__":
 
 def test_sigterm_mid_step_then_resume_matches_uninterrupted(tiny_cfg, tmp_path):
     cfg = tiny_cfg.replace(num_rollout=4)
-    full = train(cfg.replace(run_name="full"))
+    full = train(cfg.replace(run_name="full", save_interval=4))
     script = tmp_path / "run.py"
     script.write_text(SCRIPT.replace("__CFG__", repr(cfg.replace(run_name="killed").to_dict())))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -196,9 +198,10 @@ def test_sigterm_mid_step_then_resume_matches_uninterrupted(tiny_cfg, tmp_path):
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 0, out
     assert "status signal" in out
+    assert "run stopped (signal: SIGTERM)" in out and "signal: signal" not in out
     killed = Run(Path(cfg.output_dir) / "killed")
     assert killed.status["reason"] == "signal" and killed.status["last_step"] == 0
-    resumed = train(cfg.replace(run_name="killed"), resume=killed.dir)
+    resumed = train(cfg.replace(run_name="killed", save_interval=4), resume=killed.dir)
     assert _steps(resumed) == _steps(full)
     a, b = _weights(full.dir), _weights(resumed.dir)
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -208,3 +211,257 @@ def test_no_checkpoint_when_asked(tiny_cfg):
     run = train(tiny_cfg.replace(num_rollout=1, save_interval=-1))
     assert run.status["reason"] == "completed"
     assert latest_checkpoint(run.dir) is None
+
+
+# ----------------------------------------------------------------------------- resume: nothing twice
+def test_a_completed_run_keeps_no_checkpoint_by_default(tiny_cfg):
+    run = train(tiny_cfg)
+    assert run.status["reason"] == "completed"
+    assert not (run.dir / "checkpoint").exists()  # 1.6 GB per SmolLM2 run filled the disk
+
+
+def test_resume_without_a_checkpoint_is_refused_naming_what_is_missing(tiny_cfg):
+    run = train(tiny_cfg.replace(save_interval=-1))
+    with pytest.raises(RunLogError, match=r"no checkpoint in .*checkpoint to continue from "
+                                          r"\(steps 0-1 are logged; it was started with --save-interval -1"):
+        train(tiny_cfg.replace(num_rollout=3, save_interval=-1), resume=run.dir)
+    assert run.metrics[STEP].tolist() == [0, 1]
+    assert run.status["reason"] == "completed"  # the refused resume wrote nothing
+
+
+def test_resume_without_latest_json_uses_the_newest_step_file_and_sweeps_temp_files(tiny_cfg):
+    run = train(tiny_cfg.replace(save_interval=1))
+    folder = run.dir / "checkpoint"
+    (folder / "latest.json").unlink()
+    (folder / ".step-2.pt.tmp999999").write_bytes(b"half a checkpoint")  # a kill mid-write
+    (run.dir / ".status.json.x1y2.tmp").write_text("{")
+    resumed = train(tiny_cfg.replace(num_rollout=3, save_interval=1), resume=run.dir)
+    assert resumed.metrics[STEP].tolist() == [0, 1, 2]
+    assert not [p.name for p in [*folder.iterdir(), *run.dir.iterdir()] if ".tmp" in p.name]
+
+
+def test_resume_sets_aside_metrics_samples_and_heat_logged_after_the_checkpoint(tiny_cfg):
+    run = train(tiny_cfg.replace(num_rollout=1, save_interval=1))  # checkpoint of step 0
+    # the run went on to log step 1, and was killed before the next checkpoint
+    first = json.loads((run.dir / "metrics.jsonl").read_text().splitlines()[0])
+    with open(run.dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({**first, STEP: 1}) + "\n")
+    with open(run.dir / "samples.jsonl", "a") as f:
+        f.write(json.dumps({STEP: 1, "prompt_id": "synthetic/train/9", "completion": "old"}) + "\n")
+    with open(run.dir / "heat.jsonl", "a") as f:
+        f.write(json.dumps({"step": 1, "start": 0.0, "end": 1.0, "seconds": 1.0}) + "\n")
+    resumed = train(tiny_cfg.replace(num_rollout=2, save_interval=1), resume=run.dir)
+    assert resumed.metrics[STEP].tolist() == [0, 1]
+    samples = resumed.samples
+    assert "old" not in samples["completion"].tolist()
+    assert samples.groupby(STEP).size().tolist() == [8, 8]  # 2 prompts x 4 answers, once each
+    assert not (run.dir / "heat.jsonl").read_text().strip()
+    for name in ("metrics.jsonl", "samples.jsonl", "heat.jsonl"):
+        kept = (run.dir / f"{name}.after-checkpoint").read_text().splitlines()
+        assert len(kept) == 1, name
+
+
+def test_a_second_trainer_on_one_run_folder_is_refused(tiny_cfg):
+    from labkit.runlog import RunLog
+
+    run = train(tiny_cfg.replace(save_interval=1))
+    holder = RunLog.open(run.dir)  # another trainer holds the folder
+    try:
+        with pytest.raises(RunLogError, match=r"is in use by another trainer \(pid \d+"):
+            train(tiny_cfg.replace(num_rollout=3, save_interval=1), resume=run.dir)
+    finally:
+        holder.release()
+    assert run.metrics[STEP].tolist() == [0, 1]
+    assert not (run.dir / "lock").exists()
+
+
+def test_a_full_disk_at_the_final_checkpoint_still_writes_the_status(tiny_cfg, monkeypatch):
+    import labkit.checkpoint as checkpoint
+
+    def disk_full(obj, f):  # what torch raises when the disk fills during torch.save
+        Path(f).write_bytes(b"\0" * 100)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter "
+                           "failed writing file data/3: file write failed")
+
+    monkeypatch.setattr(checkpoint.torch, "save", disk_full)
+    clock = iter(range(0, 10_000, 50)).__next__
+    stopper = StopController(120, clock=lambda: float(clock()))
+    run = train(tiny_cfg.replace(num_rollout=5), stopper=stopper)
+    assert run.status["reason"] == "time_limit"
+    message = run.status["message"]
+    assert "the disk is full" in message and "inline_container" not in message
+    assert "no checkpoint, so --resume is refused" in message
+    assert not [p for p in (run.dir / "checkpoint").iterdir() if ".tmp" in p.name]
+
+
+STOPPABLE = """
+import sys, time
+import torch
+import labkit.checkpoint as checkpoint
+import labkit.trainer as trainer
+from labkit.cli import main
+
+torch.set_num_threads(1)  # as the tests' own process: the same sums, bit for bit
+checkpoint.AUTO_SAVE_S = float(sys.argv[1])  # 0: a rolling checkpoint after every step
+slow = sys.argv[2]  # slow-save, slow-setup or -
+orig_step, orig_save, real_torch_save = trainer.run_step, trainer.save_checkpoint, checkpoint.torch.save
+orig_setup = trainer.setup
+
+def slow_setup(*a, **k):       # a model that takes long to load: signals land in here
+    print("loading", flush=True)
+    time.sleep(3)
+    return orig_setup(*a, **k)
+
+def slow_step(s, step):
+    out = orig_step(s, step)
+    print(f"step {step} done", flush=True)
+    time.sleep(1.5)            # a long step: signals land inside it
+    return out
+
+def save(run_dir, step, *a, **k):
+    path = orig_save(run_dir, step, *a, **k)
+    print(f"saved {step}", flush=True)
+    return path
+
+def torch_save(obj, f):        # a checkpoint that takes long to write
+    with open(f, "wb") as out:
+        out.write(b"half a checkpoint")
+    print("saving", flush=True)
+    time.sleep(30)
+    real_torch_save(obj, f)
+
+trainer.run_step, trainer.save_checkpoint = slow_step, save
+if slow == "slow-save":
+    checkpoint.torch.save = torch_save
+if slow == "slow-setup":
+    trainer.setup = slow_setup
+sys.exit(main(["launch", *sys.argv[3:]]))
+"""
+
+
+def _flags(cfg) -> list[str]:
+    return ["--model", cfg.model, "--data", "synthetic", "--engine", "hf", "--rollout-batch-size", "2",
+            "--n-samples-per-prompt", "4", "--global-batch-size", "8", "--micro-batch-size", "4",
+            "--num-rollout", str(cfg.num_rollout), "--rollout-max-response-len", "12",
+            "--lr", "1e-3", "--seed", "7", "--no-progress", "--eval-split-size", "0",
+            "--output-dir", cfg.output_dir,
+            "--run-name", cfg.run_name]
+
+
+def _start(tmp_path, cfg, auto_save_s: float, slow: str = "-") -> subprocess.Popen:
+    script = tmp_path / "stoppable.py"
+    script.write_text(STOPPABLE)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, str(script), str(auto_save_s),
+                             slow, *_flags(cfg)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def _wait_for(proc, prefix: str, seen: list, timeout_s: float = 120) -> None:
+    deadline = time.time() + timeout_s
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(prefix):
+            return
+        assert time.time() < deadline, "".join(seen)
+    raise AssertionError(f"the run ended before {prefix!r}:\n" + "".join(seen))
+
+
+def test_sigkill_after_a_rolling_checkpoint_resumes_like_an_uninterrupted_run(tiny_cfg, tmp_path, capsys):
+    cfg = tiny_cfg.replace(num_rollout=4)
+    full = train(cfg.replace(run_name="full", save_interval=4))
+    proc = _start(tmp_path, cfg.replace(run_name="killed"), auto_save_s=0.0)
+    seen = []
+    try:
+        _wait_for(proc, "saved 1", seen)  # the rolling checkpoint after step 1
+        proc.kill()  # SIGKILL: no handler, no status, no final checkpoint
+        proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    killed = Path(cfg.output_dir) / "killed"
+    assert not (killed / "status.json").exists() and (killed / "lock").exists()
+    resumed = train(cfg.replace(run_name="killed", save_interval=4), resume=killed)
+    assert "pid" in capsys.readouterr().out  # the dead trainer's lock was taken over
+    assert _steps(resumed) == _steps(full)
+    assert resumed.samples.groupby(STEP).size().tolist() == [8, 8, 8, 8]
+    a, b = _weights(full.dir), _weights(resumed.dir)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_second_sigterm_during_the_final_checkpoint_still_writes_the_status(tiny_cfg, tmp_path):
+    cfg = tiny_cfg.replace(num_rollout=3, run_name="twice")
+    proc = _start(tmp_path, cfg, auto_save_s=1e9, slow="slow-save")
+    seen = []
+    try:
+        _wait_for(proc, "step 0 done", seen)
+        proc.send_signal(signal.SIGTERM)  # stop after this step ...
+        _wait_for(proc, "saving", seen)
+        proc.send_signal(signal.SIGTERM)  # ... no, now: during the final checkpoint
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        proc.kill()
+    out = "".join(seen) + out
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    run = Run(Path(cfg.output_dir) / "twice")
+    assert run.status["reason"] == "signal" and run.status["signal"] == "SIGTERM"
+    assert run.status["last_step"] == 0
+    assert "a second signal cut the checkpoint of step 0 short" in run.status["message"]
+    assert not [p for p in (run.dir / "checkpoint").iterdir() if ".tmp" in p.name]
+    assert "signal: signal" not in out
+
+
+# ----------------------------------------------------------------------------- prompts too long
+def _data_with_a_long_question(tmp_path, chars: int) -> Path:
+    rows = [{"question": f"Ann has {k} pens and buys 2 more. How many pens?", "answer": f"#### {k + 2}"}
+            for k in range(6)]
+    rows[3]["question"] = "Count the pens. " + "pen " * (chars // 4) + "How many pens?"
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_prompt_longer_than_the_context_is_refused_before_the_rollout(tiny_cfg, tmp_path):
+    data = _data_with_a_long_question(tmp_path, 6000)  # the tiny model's context is 2,048
+    cfg = tiny_cfg.replace(data=str(data), rollout_batch_size=6, global_batch_size=24, num_rollout=1)
+    with pytest.raises(DataError, match=r"prompt long/train/3 is [\d,]+ tokens, and the model's "
+                                        r"context of 2,048 leaves 2,036 .*--long-prompts truncate"):
+        train(cfg)
+    run = Run(Path(cfg.output_dir) / cfg.run_name)
+    assert run.status["reason"] == "error" and "prompt long/train/3" in run.status["message"]
+    assert len(run.metrics) == 0
+
+
+def test_long_prompts_truncate_cuts_the_question(tiny_cfg, tmp_path, capsys):
+    data = _data_with_a_long_question(tmp_path, 6000)
+    cfg = tiny_cfg.replace(data=str(data), rollout_batch_size=6, global_batch_size=24,
+                           num_rollout=1, long_prompts="truncate")
+    run = train(cfg)
+    assert run.status["reason"] == "completed"
+    assert re.search(r"prompt long/train/3 cut from [\d,]+ to 2,03[0-6] tokens", capsys.readouterr().out)
+
+
+def test_sigterm_while_loading_stops_before_the_first_step_with_a_status(tiny_cfg, tmp_path):
+    cfg = tiny_cfg.replace(num_rollout=3, run_name="early")
+    proc = _start(tmp_path, cfg, auto_save_s=1e9, slow="slow-setup")
+    seen = []
+    try:
+        _wait_for(proc, "loading", seen)
+        proc.send_signal(signal.SIGTERM)  # the handler was not installed yet: this killed it
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, "".join(seen) + out
+    run = Run(Path(cfg.output_dir) / "early")
+    assert run.status["reason"] == "signal" and run.status["last_step"] == -1
+    assert not (run.dir / "lock").exists()
+
+
+def test_a_run_killed_in_its_first_step_resumes_from_step_0_logging_each_sample_once(tiny_cfg):
+    from labkit.runlog import open_run_folder
+
+    run_dir, log, _ = open_run_folder(tiny_cfg, None)  # started, then killed in step 0
+    log.append_samples([{STEP: 0, "prompt_id": "synthetic/train/1", "completion": "old"}])
+    log.release()
+    resumed = train(tiny_cfg, resume=run_dir)
+    assert resumed.metrics[STEP].tolist() == [0, 1]
+    assert resumed.samples.groupby(STEP).size().tolist() == [8, 8]

@@ -28,6 +28,7 @@ from typing import Sequence, Union
 import numpy as np
 import pandas as pd
 
+from labkit.errors import LabkitError
 from labkit.metrics import STEP
 from labkit.runlog import CONFIG, HEAT, METRICS, STATUS, read_jsonl
 
@@ -59,8 +60,10 @@ PathLike = Union[str, os.PathLike]
 Runs = Union[pd.DataFrame, PathLike, Sequence[PathLike]]
 
 
-class AnalysisError(ValueError):
+class AnalysisError(LabkitError, ValueError):
     """Runs that cannot be read or compared as asked; the message names the run and the fix."""
+
+    exit_code = 2
 
 
 def is_constructed(name: str) -> bool:
@@ -73,17 +76,27 @@ def load_runs(paths: PathLike | Sequence[PathLike], *, constructed: bool = False
 
     `paths`: a path or a list of them; each is a run folder, a folder searched for run
     folders (like ``data/runs``), or a miles log: a file, or a folder holding miles.log
-    (read by `labkit.miles.log.read_miles_log`). Constructed runs (made up; their name says
-    "constructed") are left out with a line on stderr, unless `constructed`.
+    (read by `labkit.miles.log.read_miles_log`). A file that is neither (``README.md``) is
+    skipped with a warning, and so is a copy of a run folder already read (the same config
+    and first step line): a copied run is one run, not two seeds. Constructed runs (made up;
+    their name says "constructed") are left out with a line on stderr, unless `constructed`.
     Columns: ``run, group_size, prompts, global_batch, seed, model, engine, lr, source, path,
     status``, the step key ``rollout/step``, every logged metric, and ``heat_pause_s`` (seconds
     of heat.jsonl pauses inside the step), ``clean`` (no pause touched the rollout),
     ``heat_guard`` (the run logged heat/clean). Rows are sorted by group size, run, step.
     """
-    frames, names, made_up = [], set(), []
+    frames, names, made_up, copies = [], set(), [], {}
     for path, explicit in find_sources(paths):
         miles = path.is_file() or _is_miles_folder(path)
-        frame = _read_miles(path) if miles else _read_run_folder(path, explicit)
+        if not miles and _is_copy(path, copies):
+            continue
+        try:
+            frame = _read_miles(path) if miles else _read_run_folder(path, explicit)
+        except (ValueError, OSError) as e:  # AnalysisError too
+            if not path.is_file():
+                raise
+            warnings.warn(f"skipped {path}: not a run folder or a miles log ({e})", stacklevel=2)
+            continue
         if frame is None:
             continue
         name = frame["run"].iat[0]
@@ -108,6 +121,27 @@ def load_runs(paths: PathLike | Sequence[PathLike], *, constructed: bool = False
     return runs.sort_values(["group_size", "run", STEP], kind="stable", ignore_index=True)
 
 
+def _is_copy(path: Path, seen: dict) -> bool:
+    """True (with a warning) when `path` is a copy of a run folder already read: the same
+    config (but its name and folder) and the same first step line, start time included."""
+    try:
+        config = json.loads((path / CONFIG).read_text()) if (path / CONFIG).is_file() else {}
+        with open(path / METRICS) as f:
+            first = json.loads(f.readline() or "null")
+    except (OSError, ValueError):
+        return False
+    if not isinstance(config, dict) or first is None:
+        return False
+    config = {k: v for k, v in config.items() if k not in ("run_name", "output_dir")}
+    key = json.dumps([config, first], sort_keys=True, default=str)
+    if key in seen:
+        warnings.warn(f"{path} is a copy of {seen[key]} (the same config and the same first "
+                      f"step, to the second); it is read once, not as another seed", stacklevel=3)
+        return True
+    seen[key] = path
+    return False
+
+
 def find_sources(paths: PathLike | Sequence[PathLike]) -> list[tuple[Path, bool]]:
     """The run folders and log files that `paths` names, as (path, named_directly) pairs.
 
@@ -130,11 +164,12 @@ def find_sources(paths: PathLike | Sequence[PathLike]) -> list[tuple[Path, bool]
             continue
         inside = _search_run_folders(item)
         if not inside:
-            raise AnalysisError(
-                f"{item} holds no run folder (none below it has {CONFIG}, {METRICS} or "
-                f"{MILES_LOG}); "
-                f"name a run folder, a folder of them, or a miles log file"
-            )
+            problem = (f"{item} holds no run folder (none below it has {CONFIG}, {METRICS} or "
+                       f"{MILES_LOG})")
+            if len(items) > 1:  # `labkit compare data/runs/*` names the figures folder too
+                warnings.warn(f"skipped {problem}", stacklevel=3)
+                continue
+            raise AnalysisError(f"{problem}; name a run folder, a folder of them, or a miles log")
         found += [(p, False) for p in inside]
     unique, seen = [], set()
     for path, explicit in found:

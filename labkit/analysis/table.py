@@ -197,5 +197,11 @@ def drop_unfinished(runs: pd.DataFrame, late=LATE) -> pd.DataFrame:
         print(f"left out: run {name} has steps 0 to {int(step)}, too short for the window "
               f"{late[0]}-{late[1]}", file=sys.stderr)
     if len(short) == len(last):
-        raise AnalysisError(f"no run reaches step {late[1]}, the end of the late window")
+        most = int(last.max())
+        raise AnalysisError(
+            f"no run reaches step {late[1]}, the end of the late window {late[0]}-{late[1]}; the "
+            f"runs go to step {most} at most: choose windows inside it, e.g. labkit compare "
+            f"--early 0-{most // 2} --late {most // 2 + 1}-{most} (early=, late= in Python)"
+            if most >= 1 else f"no run reaches step {late[1]}, the end of the late window, "
+            f"and none has two steps to compare")
     return runs[~runs["run"].isin(short.index)]

@@ -27,12 +27,16 @@ def make_engine(cfg: RunConfig, path: str, policy, tokenizer) -> Engine:
     or with --rollout-mode http the engines behind --router-url, given the policy's weights."""
     if cfg.rollout_mode == "http":
         from labkit.engines.http import HttpEngine
+        from labkit.serving.client import RetryPolicy
         from labkit.serving.watchdog import Watchdog
 
+        retry = RetryPolicy(deadline_s=min(RetryPolicy.deadline_s, cfg.request_timeout),
+                            request_timeout_s=cfg.request_timeout)
         engine = HttpEngine(
             cfg.router_url, max_open_requests=cfg.max_open_requests, tokenizer=tokenizer,
             watchdog=Watchdog(open_limit=cfg.max_open_requests),  # reports bursts, keeps going
-            sync_dtype=pick_dtype(cfg.dtype, default_device()))
+            sync_dtype=pick_dtype(cfg.dtype, default_device()), retry=retry,
+            vocab_size=getattr(policy.config, "vocab_size", None))
         engine.update_weights(policy)  # the engines may have started from other weights
         return engine
     name = resolve_engine(cfg)

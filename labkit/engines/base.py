@@ -87,6 +87,10 @@ class Engine(ABC):
     def update_weights(self, model) -> None:
         """Make the engine sample from `model`'s current weights (in place, no restart)."""
 
+    def begin_step(self, step: int) -> None:
+        """The trainer's step number, before the step's rollout (an engine that logs by step
+        names this one, also for a resumed run and for evaluation inside the step)."""
+
     def sleep(self) -> None:
         """Release what the engine holds on the GPU between rollouts (KV cache), if it can."""
 

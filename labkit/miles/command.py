@@ -48,6 +48,9 @@ UNSUPPORTED = {
     "n_logged_prompts": "miles keeps no samples.jsonl (see its --save-debug-rollout-data)",
     "router_url": "only for --rollout-mode http, which --backend miles refuses; drop it",
     "max_open_requests": "only for --rollout-mode http, which --backend miles refuses; drop it",
+    "request_timeout": "only for --rollout-mode http, which --backend miles refuses; drop it",
+    "long_prompts": "miles drops prompts longer than its --rollout-max-prompt-len; set that in "
+                    "MILES_EXTRA_ARGS",
 }
 # Refused by value (set or not): a fixed KV cache size has no miles flag. SGLang sizes its
 # cache as a share of GPU memory (--sglang-mem-fraction-static, which labkit's
@@ -187,7 +190,7 @@ def _training_flags(cfg: RunConfig) -> list[str]:
     """The update's flags: batches, AdamW at a constant learning rate (as labkit's
     trainer), recomputation."""
     a = ["--global-batch-size", str(cfg.global_batch_size),
-         "--micro-batch-size", str(cfg.micro_batch_size)]
+         "--micro-batch-size", str(min(cfg.micro_batch_size, cfg.global_batch_size))]
     if cfg.use_dynamic_batch_size:  # miles ignores --micro-batch-size then, as labkit does
         # Both cap a pass's tokens; labkit counts padded ones (rows x longest), miles the
         # sum of the samples' own lengths, so miles' passes hold at least as many samples.

@@ -8,7 +8,11 @@ client retries 503s (and 429, 500, 502, 504, connection errors) with capped expo
 and full jitter (AWS architecture blog, "Exponential Backoff And Jitter"): the delay before
 attempt k+1 is uniform in [0, min(cap, base * 2**(k-1))], so a burst does not make 512
 requests hit the router in lockstep, and retrying goes on for at least `deadline_s`
-(default 120 s, twice miles' 60 s).
+(default 120 s, twice miles' 60 s). A request that gets no answer at all (an engine that
+hangs) is cancelled at `request_timeout_s` (`--request-timeout`, 600 s), attempts and
+waits included. A 200 whose body is cut short or has no usable answer (`check`) is a failed
+attempt too, retried and logged; an answer that cannot be right however often it is asked
+(token ids outside the trainer's vocabulary: the engines serve another model) fails at once.
 
 Every failed attempt is one JSON line in the client log (`t`, `event`, `request_id`,
 `attempt`, `status`, `code`, `error`, `delay_s`), and so are completions, step boundaries
@@ -26,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +39,7 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 import aiohttp
 
 from labkit.engines.base import Completion, Sampling
+from labkit.errors import LabkitError
 
 # Transient answers: overload (429, 503) and upstream failures a router reports as 5xx
 # (vllm-router answers 500 when an engine timed out). Other 4xx are the request's fault.
@@ -42,7 +48,7 @@ RETRY_STATUSES = (429, 500, 502, 503, 504)
 KNOWN_BODIES = {"no available workers": "no_available_workers"}
 
 
-class RolloutFailed(RuntimeError):
+class RolloutFailed(LabkitError, RuntimeError):
     """A request ran out of retry time (or met a status that is not retried): the step fails."""
 
     def __init__(self, request_id: str, attempts: int, last_status: Optional[int],
@@ -56,7 +62,15 @@ class RolloutStopped(RolloutFailed):
     """The watchdog stopped the rollout (a burst or a stall passed its limit)."""
 
 
-class RouterUnavailable(RuntimeError):
+class BadAnswer(ValueError):
+    """A 200 answer the rollout cannot use; `retry` says whether asking again may help."""
+
+    def __init__(self, code: str, message: str, retry: bool = True):
+        super().__init__(message)
+        self.code, self.retry = code, retry
+
+
+class RouterUnavailable(LabkitError, RuntimeError):
     """The router URL does not answer its health check: the rollout is not started."""
 
 
@@ -67,21 +81,23 @@ class RetryPolicy:
     base_s, cap_s: attempt k waits uniform(0, min(cap_s, base_s * 2**(k-1))) before the next.
     deadline_s: no attempt starts later than this after the first; the last wait is cut so
         that one attempt is made at the deadline, so retrying lasts at least deadline_s.
-    attempt_timeout_s: the most one attempt (a whole generation) may take.
+    request_timeout_s: the most one request may take, its attempts and waits included (a
+        whole generation, queued behind others); the attempt in flight then is cancelled.
     retry_statuses: HTTP statuses that are retried; any other non-200 fails at once.
     """
 
     base_s: float = 0.5
     cap_s: float = 8.0
     deadline_s: float = 120.0
-    attempt_timeout_s: float = 600.0
+    request_timeout_s: float = 600.0
     retry_statuses: tuple[int, ...] = RETRY_STATUSES
 
     def __post_init__(self):
         if not 0 < self.base_s <= self.cap_s:
             raise ValueError(f"RetryPolicy: need 0 < base_s <= cap_s, got {self.base_s}, {self.cap_s}")
-        if self.deadline_s < 0:
-            raise ValueError(f"RetryPolicy: deadline_s must be >= 0, got {self.deadline_s}")
+        if self.deadline_s < 0 or not self.request_timeout_s > 0:
+            raise ValueError(f"RetryPolicy: need deadline_s >= 0 and request_timeout_s > 0, got "
+                             f"{self.deadline_s}, {self.request_timeout_s}")
 
     def ceiling(self, attempt: int) -> float:
         """The largest wait after failed attempt number `attempt` (1-based)."""
@@ -174,15 +190,18 @@ class RolloutClient:
 
     `sleep`, `clock` (monotonic) and `rng` are injectable so tests run without waiting.
     A `watchdog` (labkit.serving.watchdog.Watchdog) sees every event and a tick each second; its
-    "lower"/"restore" decisions change the open limit, "stop" ends the rollout with
-    `RolloutStopped`. The router's /health is checked once, before the first rollout.
+    "lower"/"restore" decisions change the open limit, "stall" is logged and said on stderr
+    (`notify`), "stop" ends the rollout with `RolloutStopped`. The router's /health is
+    checked once, before the first rollout. `check(answer)` raises BadAnswer for a 200 answer
+    the rollout cannot use.
     """
 
     def __init__(self, base_url: str, *, max_open_requests: int = 512,
                  retry: RetryPolicy = RetryPolicy(), log: Optional[EventLog] = None,
                  watchdog=None, sleep: Callable[[float], Awaitable] = asyncio.sleep,
                  clock: Callable[[], float] = time.monotonic, rng: Optional[random.Random] = None,
-                 health_timeout_s: float = 5.0):
+                 health_timeout_s: float = 5.0, check: Optional[Callable[[dict], None]] = None,
+                 notify: Optional[Callable[[str], None]] = None):
         if max_open_requests < 1:
             raise ValueError(f"max_open_requests must be >= 1, got {max_open_requests}")
         self.base_url = base_url.rstrip("/")
@@ -191,6 +210,7 @@ class RolloutClient:
         self.watchdog, self.sleep, self.clock = watchdog, sleep, clock
         self.rng = rng or random.Random()
         self.health_timeout_s = health_timeout_s
+        self.check, self.notify = check, notify or _notice
         self._limit: Optional[OpenLimit] = None
         self._stop: Optional[str] = None
         self._checked = False
@@ -208,6 +228,10 @@ class RolloutClient:
             if d.action in ("lower", "restore") and self._limit is not None:
                 self._limit.resize(d.limit)
                 self.log.emit("limit", limit=int(d.limit), reason=d.reason)
+            elif d.action == "stall":
+                self.log.emit("stall", reason=d.reason)
+                self.notify(f"rollout stalled: {d.reason}; a request waits up to "
+                            f"{self.retry.request_timeout_s:.0f} s (--request-timeout)")
             elif d.action == "stop":
                 self._stop = d.reason
                 raise RolloutStopped("watchdog", 0, None, "watchdog_stop", d.reason)
@@ -233,44 +257,65 @@ class RolloutClient:
     # -------------------------------------------------------------- one request
     async def post(self, session: aiohttp.ClientSession, path: str, payload: dict,
                    request_id: str) -> dict:
-        """POST `payload` to `path` until a 200 or the deadline; return the JSON answer."""
-        start = self.clock()
+        """POST `payload` to `path` until a usable 200, the retry deadline or the request's
+        timeout; return the JSON answer."""
+        start, policy = self.clock(), self.retry
         attempt, status, code = 0, None, None
-        timeout = aiohttp.ClientTimeout(total=self.retry.attempt_timeout_s)
         while True:
             if self._stop:
                 raise RolloutStopped(request_id, attempt, status, code, self._stop)
             attempt += 1
+            left = policy.request_timeout_s - (self.clock() - start)
+            timeout = aiohttp.ClientTimeout(total=max(left, 0.001))
+            permanent = False
             try:
                 async with session.post(self.base_url + path, json=payload, timeout=timeout) as r:
                     body = await r.text()
                     status = r.status
                 if status == 200:
-                    answer = _parse_json(body, request_id, self.base_url + path)
-                    self.emit("done", request_id=request_id, attempts=attempt,
-                              latency_s=round(self.clock() - start, 4))
-                    return answer
-                code, error = error_code(status, body), body[:200]
+                    try:
+                        answer = self._accept(body)
+                    except BadAnswer as e:
+                        code, error, permanent = e.code, str(e)[:300], not e.retry
+                    else:
+                        self.emit("done", request_id=request_id, attempts=attempt,
+                                  latency_s=round(self.clock() - start, 4))
+                        return answer
+                else:
+                    code, error = error_code(status, body), body[:200]
+                    permanent = status not in policy.retry_statuses
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
                 status, code, error = None, _exception_code(e), f"{type(e).__name__}: {e}"[:200]
-            left = self.retry.deadline_s - (self.clock() - start)
-            retryable = status is None or status in self.retry.retry_statuses
-            wait = min(self.retry.delay(attempt, self.rng), max(left, 0.0))
+            elapsed = self.clock() - start
+            left = min(policy.deadline_s, policy.request_timeout_s) - elapsed
+            wait = min(policy.delay(attempt, self.rng), max(left, 0.0))
             self.emit("fail", request_id=request_id, attempt=attempt, status=status, code=code,
-                      error=error, delay_s=round(wait, 4) if retryable and left > 0 else None)
-            if not retryable or left <= 0:
+                      error=error, delay_s=round(wait, 4) if not permanent and left > 0 else None)
+            if permanent or left <= 0:
                 self.emit("gave_up", request_id=request_id, attempts=attempt, status=status, code=code)
                 raise RolloutFailed(request_id, attempt, status, code, _give_up_message(
-                    request_id, attempt, status, code, error, retryable, self.retry.deadline_s))
+                    request_id, attempt, status, code, error, permanent, elapsed, policy))
             await self.sleep(wait)
 
+    def _accept(self, body: str) -> dict:
+        """The JSON answer of a 200, or BadAnswer: a body cut short, or one `check` refuses."""
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            raise BadAnswer("bad_json", f"a 200 whose body is not JSON (cut short?): {body[:200]!r}")
+        if self.check is not None:
+            self.check(answer)
+        return answer
+
     # -------------------------------------------------------------- a rollout
-    async def run(self, requests: Sequence[tuple[str, str, dict]], step: Optional[int] = None
-                  ) -> list[dict]:
+    async def run(self, requests: Sequence[tuple[str, str, dict]], step: Optional[int] = None,
+                  phase: Optional[str] = None) -> list[dict]:
         """Send (request_id, path, payload) requests; return answers in order or raise.
 
-        The first request that fails cancels the others and raises RolloutFailed.
+        The first request that fails cancels the others and raises RolloutFailed. `step` (the
+        trainer's) and `phase` (e.g. "eval") go to the step_start and step_end lines.
         """
+        info = {"phase": phase} if phase else {}
         start_limit = self.max_open_requests  # a burst still on from the last step keeps it low
         if self.watchdog is not None and self.watchdog.limit < self.watchdog.base_limit:
             start_limit = min(start_limit, self.watchdog.limit)
@@ -280,7 +325,8 @@ class RolloutClient:
             if not self._checked:
                 await self.check_health(session)
                 self._checked = True
-            self.emit("step_start", step=step, requests=len(requests), open_limit=self.max_open_requests)
+            self.emit("step_start", step=step, requests=len(requests),
+                      open_limit=self.max_open_requests, **info)
 
             async def one(rid, path, payload):
                 async with self._limit:
@@ -290,7 +336,7 @@ class RolloutClient:
             if self.watchdog is not None:
                 ticker = asyncio.create_task(self._tick())
             answers = await _gather_or_cancel(tasks, ticker)
-            self.emit("step_end", step=step)
+            self.emit("step_end", step=step, **info)
             return answers
 
     async def _tick(self, every_s: float = 1.0) -> None:
@@ -323,12 +369,9 @@ async def _gather_or_cancel(tasks: list[asyncio.Task], ticker: Optional[asyncio.
         await asyncio.gather(*everything, return_exceptions=True)
 
 
-def _parse_json(body: str, request_id: str, url: str) -> dict:
-    try:
-        return json.loads(body)
-    except ValueError:
-        raise RolloutFailed(request_id, 1, 200, "bad_json",
-                            f"{url} answered 200 with a body that is not JSON: {body[:200]!r}")
+def _notice(message: str) -> None:
+    sys.stderr.write(f"labkit: {message}\n")
+    sys.stderr.flush()
 
 
 def _exception_code(e: BaseException) -> str:
@@ -339,12 +382,17 @@ def _exception_code(e: BaseException) -> str:
     return "connection_error"
 
 
-def _give_up_message(rid, attempts, status, code, error, retryable, deadline_s) -> str:
+def _give_up_message(rid, attempts, status, code, error, permanent, elapsed, policy) -> str:
     what = f"HTTP {status}" if status else "no answer"
-    if not retryable:
-        return (f"request {rid} failed with {what} ({code}): {error}; this status is not "
-                f"retried, so the step is abandoned and nothing of it is applied")
-    return (f"request {rid} gave up after {attempts} attempts in {deadline_s:.0f} s, last "
+    if permanent:
+        return (f"request {rid} failed with {what} ({code}): {error}; this is not retried, so "
+                f"the step is abandoned and nothing of it is applied")
+    if elapsed >= policy.request_timeout_s:
+        return (f"request {rid} got no answer within its {policy.request_timeout_s:.0f} s "
+                f"(--request-timeout) after {attempts} attempt(s), last {what} ({code}); the "
+                f"step is abandoned and nothing of it is applied. If the engines are slow rather "
+                f"than stuck, raise --request-timeout")
+    return (f"request {rid} gave up after {attempts} attempts in {elapsed:.0f} s, last "
             f"{what} ({code}); the step is abandoned and nothing of it is applied. If the "
             f"router sheds load for longer, raise RetryPolicy.deadline_s or lower "
             f"max_open_requests")
@@ -364,8 +412,11 @@ def run_sync(coro) -> Any:
 
 # ---------------------------------------------------------------------- /v1/completions
 def build_requests(prompt_ids: list[list[int]], sampling: Sampling, model: Optional[str],
-                   step: int, seeded: bool = False) -> list[tuple[str, str, dict]]:
-    """One (request_id, path, payload) per answer; ids read `s{step}-p{prompt}-a{answer}`."""
+                   step: int, seeded: bool = False, tag: Optional[str] = None
+                   ) -> list[tuple[str, str, dict]]:
+    """One (request_id, path, payload) per answer; ids read `s{step}-p{prompt}-a{answer}`
+    (`tag` replaces `s{step}`, e.g. `s3-eval` for the evaluation inside step 3)."""
+    tag = tag or f"s{step}"
     requests = []
     for i, ids in enumerate(prompt_ids):
         for j in range(sampling.n):
@@ -380,28 +431,42 @@ def build_requests(prompt_ids: list[list[int]], sampling: Sampling, model: Optio
                 payload["seed"] = sampling.seed + i * sampling.n + j
             if sampling.stop_token_ids:
                 payload["stop_token_ids"] = list(sampling.stop_token_ids)
-            requests.append((f"s{step}-p{i}-a{j}", "/v1/completions", payload))
+            requests.append((f"{tag}-p{i}-a{j}", "/v1/completions", payload))
     return requests
 
 
-def parse_completion(answer: dict, prompt_index: int, request_id: str, tokenizer=None) -> Completion:
-    """A Completion from one `/v1/completions` answer (first choice)."""
-    try:
-        choice = answer["choices"][0]
-    except (KeyError, IndexError, TypeError):
-        raise RolloutFailed(request_id, 1, 200, "bad_answer",
-                            f"request {request_id}: the answer has no choices: {str(answer)[:200]}")
+def parse_completion(answer: dict, prompt_index: int, request_id: str, tokenizer=None,
+                     vocab_size: Optional[int] = None) -> Completion:
+    """A Completion from one `/v1/completions` answer (first choice). Raises BadAnswer for an
+    answer with no choice, unreadable token ids, or (not retried) ids outside `vocab_size`."""
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise BadAnswer("bad_answer", f"the answer has no choices: {str(answer)[:200]}")
+    choice = choices[0]
     lp = choice.get("logprobs") or {}
     token_ids = choice.get("token_ids")
-    if token_ids is None and lp.get("tokens") is not None:
-        token_ids = [int(str(t).rsplit(":", 1)[-1]) for t in lp["tokens"]]
+    try:
+        if token_ids is None and lp.get("tokens") is not None:
+            token_ids = [int(str(t).rsplit(":", 1)[-1]) for t in lp["tokens"]]
+        token_ids = None if token_ids is None else [int(t) for t in token_ids]
+        logprobs = lp.get("token_logprobs")
+        logprobs = [float(x) for x in logprobs] if logprobs else None
+    except (TypeError, ValueError, AttributeError) as e:
+        raise BadAnswer("bad_answer", f"unreadable token ids or log-probs ({e})") from None
     if token_ids is None and tokenizer is not None:
         token_ids = tokenizer.encode(choice.get("text", ""), add_special_tokens=False)
     if token_ids is None:
-        raise RolloutFailed(request_id, 1, 200, "no_token_ids",
-                            f"request {request_id}: the engine returned no token ids; use a "
-                            f"vLLM that supports return_token_ids, or pass a tokenizer")
-    logprobs = lp.get("token_logprobs")
-    return Completion(prompt_index=prompt_index, token_ids=list(token_ids),
+        raise BadAnswer("no_token_ids", "the engine returned no token ids; use a vLLM that "
+                        "supports return_token_ids, or pass a tokenizer", retry=False)
+    if vocab_size is not None and any(not 0 <= t < vocab_size for t in token_ids):
+        bad = next(t for t in token_ids if not 0 <= t < vocab_size)
+        raise BadAnswer("out_of_vocabulary", (
+            f"the engine serving {answer.get('model', 'an unnamed model')!r} answered token id "
+            f"{bad}, outside the trainer's vocabulary of {vocab_size:,}: the engines serve "
+            f"another model than the trainer's --model; start them with the same model"),
+            retry=False)
+    if logprobs is not None and len(logprobs) != len(token_ids):
+        raise BadAnswer("bad_answer", f"{len(token_ids)} token ids but {len(logprobs)} log-probs")
+    return Completion(prompt_index=prompt_index, token_ids=token_ids,
                       text=choice.get("text", ""), finish_reason=choice.get("finish_reason") or "stop",
-                      logprobs=[float(x) for x in logprobs] if logprobs else None)
+                      logprobs=logprobs)

@@ -22,6 +22,7 @@ Events are JSON objects with `t` (unix seconds) and `event`, one of:
     step_start  a rollout begins: step, requests, open_limit     step_end: step
     heat_start  a heat pause begins (no completions expected)  heat_end: it ends
     limit       the client changed its open-request limit (live only; replay decides anew)
+    stall       the live watchdog flagged a stall (live only; replay decides anew)
     meta        who recorded the log: machine, command, versions, constructed
 """
 
@@ -34,7 +35,8 @@ from typing import Optional, Sequence
 
 import pandas as pd
 
-KINDS = {"meta", "fail", "done", "gave_up", "step_start", "step_end", "heat_start", "heat_end", "limit"}
+KINDS = {"meta", "fail", "done", "gave_up", "step_start", "step_end", "heat_start", "heat_end", "limit",
+         "stall"}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,64 @@
+"""labkit.runlog: files rewritten in place keep their mode; the folder's lock; lines set aside."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from labkit.runlog import RunLog, RunLogError, write_text_atomic
+
+
+@pytest.fixture()
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def test_a_rewritten_file_gets_the_users_umask_not_0600(tmp_path, umask_022):
+    path = tmp_path / "status.json"
+    write_text_atomic(path, "{}")
+    assert path.stat().st_mode & 0o777 == 0o644  # mkstemp alone gave 0600
+    path.chmod(0o640)
+    write_text_atomic(path, "{}\n")
+    assert path.stat().st_mode & 0o777 == 0o640  # an existing file keeps its mode
+
+
+def _run_folder(tmp_path):
+    run = tmp_path / "run"
+    RunLog.create(run, {"seed": 1}).release()
+    return run
+
+
+def test_the_lock_of_a_live_trainer_refuses_and_a_dead_ones_is_taken_over(tmp_path, capsys):
+    run = _run_folder(tmp_path)
+    holder = subprocess.Popen(  # another process holds the folder, then is killed
+        [sys.executable, "-c", "import sys, time; from labkit.runlog import RunLog; "
+         f"log = RunLog.open({str(run)!r}); print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunLogError, match=rf"in use by another trainer \(pid {holder.pid} "):
+            RunLog.open(run)
+    finally:
+        holder.kill()
+        holder.wait()
+    log = RunLog.open(run)  # the kernel dropped the dead process's lock
+    assert f"pid {holder.pid} held this folder and is gone" in capsys.readouterr().out
+    assert json.loads((run / "lock").read_text())["pid"] == os.getpid()
+    log.release()
+    assert not (run / "lock").exists()
+
+
+def test_a_failed_start_removes_only_what_it_made(tmp_path):
+    log = RunLog.create(tmp_path / "new" / "runs" / "r1", {"seed": 1})
+    log.abandon()
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")
+    RunLog.create(tmp_path / "kept", {"seed": 1}).abandon()
+    assert [p.name for p in (tmp_path / "kept").iterdir()] == ["notes.txt"]
