@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import time
 
+from labkit.engines import keep
 from labkit.engines.base import Engine, Sampling
 from labkit.reward import math_reward, score
 
@@ -57,3 +58,37 @@ def evaluate(engine: Engine, prompt_ids: list[list[int]], problems, *, max_token
         "eval/truncated_ratio": sum(a.truncated for a in answers) / n,
         "perf/eval_time": time.perf_counter() - start,
     }
+
+
+def log_evaluation(s, trained_steps: int, bar=None) -> dict | None:
+    """Evaluate the session's policy (labkit.session.Session) after `trained_steps` steps on its
+    held-out problems (none: skip) and append the row to eval.jsonl. The starting model's result is computed once per
+    process for the same model and problems (a rerun in a notebook need not wait for it)."""
+    if not s.eval_problems:
+        return None
+    if bar is not None:
+        bar.evaluating(len(s.eval_problems))
+    from labkit.session import encode_prompt  # the session imports this module's users
+
+    ids = [encode_prompt(s, p) for p in s.eval_problems]
+
+    def run() -> dict:
+        return evaluate(s.engine, ids, s.eval_problems, max_tokens=s.cfg.rollout_max_response_len,
+                        stop_token_ids=s.stop_ids, autocast=s.autocast)
+
+    reused = False
+    if trained_steps == 0:
+        key = ("eval", s.policy_key, s.engine.name, tuple(p.id for p in s.eval_problems),
+               s.cfg.rollout_max_response_len, s.cfg.dtype)
+        row, reused = keep.starting_result(key, run)
+    else:
+        row = run()
+    row = {**row, "eval/trained_steps": trained_steps, "eval/reused": reused, "time/end": time.time()}
+    s.log.append_eval(row)
+    name = eval_name(s.eval_problems)
+    line = (f"labkit: held-out accuracy after {trained_steps} steps: {row[name]:.3f} "
+            f"({name}, {row[name + '_n']} problems, "
+            + ("same start model as before in this process)" if reused
+               else f"{row['perf/eval_time']:.1f} s)"))
+    bar.say(line) if bar is not None else print(line, flush=True)
+    return row

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import labkit
-import labkit.trainer as trainer
+import labkit.session as session
 from labkit.engines import keep
 from test_overlap import Served
 
@@ -20,8 +20,8 @@ def served(monkeypatch):
         made.append(Served(policy, tokenizer))
         return made[-1]
 
-    monkeypatch.setattr(trainer, "make_engine", make)
-    monkeypatch.setattr(trainer, "resolve_engine", lambda cfg: "vllm")
+    monkeypatch.setattr(session, "make_engine", make)
+    monkeypatch.setattr(session, "resolve_engine", lambda cfg: "vllm")
     return made
 
 

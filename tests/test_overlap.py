@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import labkit.session
 import labkit.trainer as trainer
 from labkit.config import ConfigError, RunConfig
 from labkit.data import Problem
@@ -30,7 +31,7 @@ class Uniform(torch.nn.Module):
         return SimpleNamespace(logits=self.bias.expand(input_ids.shape[0], width, 4))
 
 
-def session(overlap: bool):
+def fake_session(overlap: bool):
     cfg = RunConfig(rollout_batch_size=1, n_samples_per_prompt=2, global_batch_size=2,
                     micro_batch_size=2, lr=1e-3, engine="vllm", overlap_rollout=overlap,
                     eps_clip=0.2, eps_clip_high=0.28)
@@ -52,7 +53,7 @@ def rollout(engine_prob: float):
     (0.1, -1.28, 1.0),  # ratio 2.5: an advantage of +1 is clipped at 1 + eps-clip-high
 ])
 def test_the_ratio_is_taken_against_the_engine_log_probs(engine_prob, loss, clipped):
-    s = session(overlap=True)
+    s = fake_session(overlap=True)
     stats, batch = trainer.update_policy(s, rollout(engine_prob), torch.tensor([1.0, 1.0]), step=0)
     assert stats["train/loss"] == pytest.approx(loss, abs=1e-6)
     assert stats["train/pg_clipfrac"] == pytest.approx(clipped)
@@ -61,7 +62,7 @@ def test_the_ratio_is_taken_against_the_engine_log_probs(engine_prob, loss, clip
 
 
 def test_in_step_the_ratio_is_one():
-    s = session(overlap=False)
+    s = fake_session(overlap=False)
     stats, _ = trainer.update_policy(s, rollout(0.1), torch.tensor([1.0, 1.0]), step=0)
     assert stats["train/loss"] == pytest.approx(-1.0) and stats["train/pg_clipfrac"] == 0
     # the engine's log-probs only feed the check: |log 0.25 - log 0.1|
@@ -100,8 +101,8 @@ def served(monkeypatch):
         made.append(Served(policy, tokenizer))
         return made[-1]
 
-    monkeypatch.setattr(trainer, "make_engine", make)
-    monkeypatch.setattr(trainer, "resolve_engine", lambda cfg: "vllm")
+    monkeypatch.setattr(labkit.session, "make_engine", make)
+    monkeypatch.setattr(labkit.session, "resolve_engine", lambda cfg: "vllm")
     return made
 
 

@@ -69,9 +69,9 @@ def test_two_steps_log_every_field_and_change_the_weights(tiny_cfg, tiny_model_d
 
 def test_rewards_reach_the_loss(tiny_cfg, monkeypatch):
     """A reward that separates answers gives a non-zero loss and gradient."""
-    import labkit.trainer as trainer
+    import labkit.session as session
 
-    monkeypatch.setattr(trainer, "load_reward", lambda *a: (lambda resp, label: float(len(resp) % 2)))
+    monkeypatch.setattr(session, "load_reward", lambda *a: (lambda resp, label: float(len(resp) % 2)))
     run = train(tiny_cfg.replace(num_rollout=1))
     row = run.metrics.iloc[0]
     assert row["rollout/zero_std/frac_groups"] < 1.0
@@ -127,10 +127,10 @@ def test_heat_pause_marks_the_step_not_clean(tiny_cfg, monkeypatch):
     readings = iter([50, 95, 70] + [50] * 100)
     guard = _UnthreadedGuard(ScriptedSensor(lambda t: next(readings)), 85, 75, interval=0.01,
                              sleep=lambda s: time.sleep(0.01))
-    import labkit.trainer as trainer
+    import labkit.session as session
     from labkit.engines.hf import HFEngine
 
-    monkeypatch.setattr(trainer, "make_engine", lambda cfg, path, policy, tok: HFEngine(policy, tok, max_batch=4))
+    monkeypatch.setattr(session, "make_engine", lambda cfg, path, policy, tok: HFEngine(policy, tok, max_batch=4))
     run = train(tiny_cfg, guard=guard)
     assert run.metrics["heat/clean"].tolist() == [False, True]
     assert run.metrics["heat/pause_time"].iloc[0] > 0
@@ -298,14 +298,15 @@ STOPPABLE = """
 import sys, time
 import torch
 import labkit.checkpoint as checkpoint
+import labkit.lifecycle as lifecycle
 import labkit.trainer as trainer
 from labkit.cli import main
 
 torch.set_num_threads(1)  # as the tests' own process: the same sums, bit for bit
 checkpoint.AUTO_SAVE_S = float(sys.argv[1])  # 0: a rolling checkpoint after every step
 slow = sys.argv[2]  # slow-save, slow-setup or -
-orig_step, orig_save, real_torch_save = trainer.run_step, trainer.save_checkpoint, checkpoint.torch.save
-orig_setup = trainer.setup
+orig_step, orig_save, real_torch_save = trainer.run_step, lifecycle.save_checkpoint, checkpoint.torch.save
+orig_setup = lifecycle.setup
 
 def slow_setup(*a, **k):       # a model that takes long to load: signals land in here
     print("loading", flush=True)
@@ -330,11 +331,11 @@ def torch_save(obj, f):        # a checkpoint that takes long to write
     time.sleep(30)
     real_torch_save(obj, f)
 
-trainer.run_step, trainer.save_checkpoint = slow_step, save
+trainer.run_step, lifecycle.save_checkpoint = slow_step, save
 if slow == "slow-save":
     checkpoint.torch.save = torch_save
 if slow == "slow-setup":
-    trainer.setup = slow_setup
+    lifecycle.setup = slow_setup
 sys.exit(main(["launch", *sys.argv[3:]]))
 """
 

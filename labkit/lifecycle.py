@@ -1,0 +1,178 @@
+"""How a run starts from its folder and ends in it: resume, checkpoints, the final status.
+
+A run must lose nothing when it dies and log nothing twice when it goes on. Before anything
+loads, `--resume` checks there is a checkpoint to continue from (or that no step was
+logged) and refuses otherwise, naming what is missing; the steps logged after the
+checkpoint are set aside. Between steps the save policy (labkit.checkpoint.SavePolicy)
+decides when to checkpoint. At the end, whatever ended the run (the last step, a time
+limit, a signal, an error), the final checkpoint and `status.json` are written, with the
+signal handlers still up so a second signal cannot cut the status short.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+
+from labkit.checkpoint import (
+    CheckpointWriteFailed,
+    SavePolicy,
+    latest_checkpoint,
+    load_checkpoint,
+    remove_auto_checkpoints,
+    save_checkpoint,
+    sweep_temp_files,
+)
+from labkit.config import RunConfig
+from labkit.engines import keep
+from labkit.errors import LabkitError, one_line
+from labkit.runlog import RunLog, RunLogError
+from labkit.session import Session, setup
+from labkit.stopping import SecondSignal, StopController
+
+
+def start_run(cfg: RunConfig, log: RunLog, resume, first_step: int, **kw) -> Session:
+    """Everything before the first step: what a resume needs is checked before anything
+    loads, then setup, then the checkpoint. Returns the session (first_step set)."""
+    sweep_leftovers(log.dir)
+    found = check_resumable(log, cfg, first_step) if resume is not None else None
+    s = setup(cfg, log, **kw)
+    s.first_step = restore(s, found) if resume is not None else 0
+    return s
+
+
+def check_resumable(log: RunLog, cfg: RunConfig, logged_next: int):
+    """The checkpoint to resume from, or None when no step was logged (start at step 0).
+    Refuses (RunLogError naming what is missing) a run with logged steps and no checkpoint,
+    and a completed run with no steps left to run."""
+    found = latest_checkpoint(log.dir)
+    status = log.status() or {}
+    if found is not None and found[0] + 1 >= cfg.num_rollout:
+        raise RunLogError(
+            f"--resume {log.dir}: nothing to run, the checkpoint is after step {found[0]} and "
+            f"--num-rollout is {cfg.num_rollout}; pass a larger --num-rollout to train further")
+    if found is None and logged_next > 0:
+        why = ("it was started with --save-interval -1 (no checkpoints)" if cfg.save_interval < 0
+               else "it completed, and a completed run keeps none unless --save-interval K"
+               if status.get("reason") == "completed"
+               else "it was killed (SIGKILL, out of memory) before it wrote one")
+        raise RunLogError(
+            f"--resume {log.dir}: no checkpoint in {log.dir / 'checkpoint'} to continue from "
+            f"(steps 0-{logged_next - 1} are logged; {why}), so resuming would redo them; "
+            f"start a new run, with --save-interval K to keep a checkpoint every K steps")
+    return found
+
+
+def restore(s: Session, found) -> int:
+    """Load the checkpoint `found` = (step, file) into the session, set aside what was logged
+    after it; return the step to continue from (0 when `found` is None)."""
+    if found is None:  # samples of a step killed before its metrics line go aside too
+        s.log.set_aside_steps_after(-1)
+        print(f"labkit: resuming {s.log.dir} from step 0 (no step was logged)", flush=True)
+        return 0
+    step, path = found
+    load_checkpoint(path, s.policy, s.optimizer)
+    s.engine.update_weights(s.policy)
+    redo = s.log.set_aside_steps_after(step)
+    again = (f"; steps {step + 1}-{step + redo} run again (their old lines: *.after-checkpoint)"
+             if redo else "")
+    print(f"labkit: resuming {s.log.dir} after step {step}{again}", flush=True)
+    return step + 1
+
+
+def sweep_leftovers(run_dir: Path) -> None:
+    files, size = sweep_temp_files(run_dir)
+    if files:
+        print(f"labkit: removed {files} temporary file(s) ({size / 2**20:,.0f} MB) that a killed "
+              f"run left in {run_dir}", flush=True)
+
+
+def save_between_steps(s: Session, saves: SavePolicy, step: int) -> float:
+    """A checkpoint after `step` when the policy asks for one; returns the seconds it took."""
+    why = saves.after_step(step)
+    if why is None:
+        return 0.0
+    t = time.time()
+    save_checkpoint(s.log.dir, step, s.policy, s.optimizer, why=why)
+    saves.saved(step)
+    return time.time() - t
+
+
+def failure_status(e: BaseException, stopper: StopController) -> tuple[str, str]:
+    """(reason, message) for the status of a run that an exception ended."""
+    if isinstance(e, SecondSignal):
+        return "signal", f"{stopper.signal_name}, then a second one interrupted the step"
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted", "KeyboardInterrupt"
+    if isinstance(e, LabkitError):
+        return "error", one_line(e)
+    return "error", f"{e.__class__.__name__}: {one_line(e)}"
+
+
+def finish_run(s: Session, reason: str, last: int, message: str, bar, saves: SavePolicy,
+            error: BaseException | None = None) -> None:
+    """Checkpoint what a resume needs, say why the run stopped (status.json), close the engine.
+
+    After a failure in the middle of the optimizer steps the policy is ahead of the log, so
+    no checkpoint is written then: the previous one (if any) stays the one to resume from. A
+    second signal may cut the checkpoint short; the status is written whatever happens.
+    """
+    try:
+        if bar is not None:
+            bar.close()
+        s.log.append_heat(p.to_dict() for p in s.guard.take_new_pauses())
+        note = final_checkpoint(s, reason, last, saves)
+        if s.stopper is not None:
+            s.stopper.finishing()  # from here a signal is noted, never raised
+        extra = {}
+        if reason == "signal" and s.stopper is not None:
+            extra["signal"] = s.stopper.signal_name
+        if error is not None and reason == "error":
+            extra["traceback"] = "".join(traceback.format_exception(type(error), error,
+                                                                    error.__traceback__))
+            error.labkit_run_dir = s.log.dir  # the command line names the status file
+        try:
+            s.log.write_status(reason, last, message + note, **extra)
+        except OSError as e:
+            print(f"labkit: could not write {s.log.dir / 'status.json'} ({e.strerror or e})",
+                  flush=True)
+        if s.owns_engine:
+            s.engine.close()
+        elif error is not None and keep.is_kept(s.engine):
+            keep.drop_engine()  # stopped mid-call, it may still hold requests: not for the next run
+        s.prefetched.clear()
+        print(f"labkit: run stopped ({reason}{': ' + message if message else ''}{note}) after "
+              f"step {last}; log in {s.log.dir}", flush=True)
+    finally:
+        s.log.release()  # the next trainer may take the folder
+
+
+def final_checkpoint(s: Session, reason: str, last: int, saves: SavePolicy) -> str:
+    """Write the checkpoint a stop needs (labkit.checkpoint.SavePolicy), or remove the default
+    policy's when the run completed. Returns a note for the status ('' when all went well)."""
+    if s.phase == "train":
+        return ("; the failure came during the optimizer step, so the policy was not saved: "
+                + resume_note(s.log.dir))
+    why = saves.at_end(last, completed=reason == "completed")
+    try:
+        if why is not None:
+            save_checkpoint(s.log.dir, last, s.policy, s.optimizer, why=why)
+            saves.saved(last)
+        elif reason == "completed" and s.cfg.save_interval == 0:
+            remove_auto_checkpoints(s.log.dir)
+    except CheckpointWriteFailed as e:
+        return f"; {e}; {resume_note(s.log.dir)}"
+    except KeyboardInterrupt:
+        return f"; a second signal cut the checkpoint of step {last} short: {resume_note(s.log.dir)}"
+    return ""
+
+
+def resume_note(run_dir: Path) -> str:
+    try:
+        found = latest_checkpoint(run_dir)
+    except RunLogError:
+        found = None
+    if found is None:
+        return "there is no checkpoint, so --resume is refused"
+    return f"--resume continues after step {found[0]}, the last checkpoint"

@@ -1,0 +1,168 @@
+"""A run's loaded state: data, reward, policy, engine, optimizer and heat guard, built once.
+
+`setup(cfg, log)` loads what a run needs and times each part (`perf/startup_*`, said in one
+line): the problems, the policy (a GGUF is dequantized once per machine), and the engine. A
+colocated vLLM engine and the policy are kept for the next run of the process
+(labkit.engines.keep): a notebook that reruns a cell with another group size takes them
+back in seconds instead of starting vLLM again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from labkit import data as datamod
+from labkit.actor import make_optimizer
+from labkit.config import RunConfig
+from labkit.engines import keep, make_engine, resolve_engine
+from labkit.engines.base import Engine
+from labkit.heat import HeatGuard, make_guard
+from labkit.models import (
+    context_length,
+    default_device,
+    load_policy,
+    load_tokenizer,
+    pick_dtype,
+    resolve_model,
+    stop_token_ids,
+)
+from labkit.reward import load_reward
+from labkit.runlog import RunLog
+from labkit.stopping import StopController
+
+
+@dataclass
+class Session:
+    """Everything a run holds while it trains."""
+
+    cfg: RunConfig
+    log: RunLog
+    policy: torch.nn.Module
+    tokenizer: object
+    engine: Engine
+    optimizer: torch.optim.Optimizer
+    problems: list
+    eval_problems: list
+    reward_fn: object
+    guard: HeatGuard
+    autocast: object = contextlib.nullcontext
+    ref: torch.nn.Module | None = None
+    stop_ids: tuple[int, ...] = ()
+    prompt_cache: dict = field(default_factory=dict)
+    stopper: StopController | None = None
+    phase: str = "setup"  # rollout, train, logged: where a failure leaves the policy
+    owns_engine: bool = True  # made by the trainer, so closed by it (a notebook runs several)
+    first_step: int = 0  # where this launch starts (after a resumed checkpoint)
+    startup: dict = field(default_factory=dict)  # perf/startup_* of this process's first step
+    prefetched: dict = field(default_factory=dict)  # --overlap-rollout: step -> its rollout
+    policy_key: tuple = ()  # what the kept policy is (its starting-point results are cached)
+    train_stream: object = None  # --overlap-rollout on a GPU: the update's CUDA stream
+
+
+def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
+          guard: HeatGuard | None = None) -> Session:
+    """Load data, reward, model, optimizer, engine and heat guard for a run; time each
+    start-up phase (perf/startup_*)."""
+    torch.manual_seed(cfg.seed)
+    timers: dict = {}
+    with timed(timers, "startup_data"):
+        # The problem set is the same for every seed (seed 0); cfg.seed only orders it.
+        problems = datamod.load_problems(cfg.data, "train", seed=0,
+                                         synthetic_steps=cfg.synthetic_steps)
+        eval_problems = []
+        if cfg.eval_split_size:
+            eval_problems = datamod.split_eval(cfg.data, cfg.eval_split_size,
+                                               synthetic_steps=cfg.synthetic_steps)
+    reward_fn = load_reward(cfg.rm_type, cfg.custom_rm_path)
+    device = default_device()
+    with timed(timers, "startup_model"):
+        path = resolve_model(cfg.model)
+        tokenizer = load_tokenizer(path)
+        policy_key = (path, str(device), cfg.gradient_checkpointing)
+        policy, policy_reused = keep.take_policy(policy_key, lambda: _load_policy(cfg, path, device))
+    compute = pick_dtype(cfg.dtype, device)
+    autocast = contextlib.nullcontext
+    if compute != torch.float32:
+        autocast = lambda: torch.autocast(device.type, dtype=compute)  # noqa: E731
+    ref = None
+    if cfg.kl_loss_coef > 0:
+        ref = load_policy(path, compute, device).eval().requires_grad_(False)
+    with timed(timers, "startup_engine"):
+        owns_engine, engine_reused = engine is None, False
+        if engine is None:
+            engine, owns_engine, engine_reused = start_engine(cfg, path, policy, tokenizer)
+    engine.log_to(log.dir)  # e.g. the HTTP client's failed attempts, in client.jsonl
+    guard = guard or make_guard(cfg.heat_pause_c, cfg.heat_resume_c)
+    log.add_to_config(heat_guard=guard.state)  # "off: no GPU" is said nowhere else
+    startup = {f"perf/{k}_time": v for k, v in timers.items()}
+    startup.update({f"perf/{k.replace('_seconds', '_time')}": v
+                    for k, v in getattr(engine, "stats", {}).items()
+                    if k.startswith("startup_") and not engine_reused})
+    startup["perf/startup_reused"] = int(policy_reused) + int(engine_reused)
+    _say_startup(startup, policy_reused, engine_reused)
+    return Session(cfg, log, policy, tokenizer, engine, make_optimizer(policy, cfg), problems,
+                   eval_problems, reward_fn, guard, autocast, ref, stop_token_ids(tokenizer, policy),
+                   owns_engine=owns_engine, startup=startup, policy_key=policy_key)
+
+
+def _load_policy(cfg: RunConfig, path: str, device) -> torch.nn.Module:
+    # Master weights stay float32 (a 1e-6 step vanishes in bfloat16); bf16 is for compute.
+    policy = load_policy(path, torch.float32, device)
+    if cfg.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+        policy.config.use_cache = False
+    return policy
+
+
+def start_engine(cfg: RunConfig, path: str, policy, tokenizer) -> tuple[Engine, bool, bool]:
+    """The run's engine: a colocated vLLM engine is kept between runs of this process and
+    taken back when the model and engine settings match (labkit.engines.keep); the others
+    are cheap to make. Returns (engine, the run owns it, it was taken back)."""
+    name = resolve_engine(cfg)
+    if cfg.rollout_mode == "colocate" and name == "vllm":
+        key = ("vllm", path, cfg.dtype, cfg.rollout_gpu_memory_fraction, cfg.rollout_kv_cache_gb,
+               cfg.rollout_sleep and not cfg.overlap_rollout, cfg.rollout_max_response_len)
+        engine, reused = keep.take_engine(key, lambda: make_engine(cfg, path, policy, tokenizer))
+        return engine, False, reused
+    return make_engine(cfg, path, policy, tokenizer), True, False
+
+
+def _say_startup(startup: dict, policy_reused: bool, engine_reused: bool) -> None:
+    """One line: where the start-up time went, or what was taken back from the last run."""
+    total = sum(v for k, v in startup.items() if k in
+                ("perf/startup_data_time", "perf/startup_model_time", "perf/startup_engine_time"))
+    parts = [f"data {startup['perf/startup_data_time']:.1f} s",
+             f"model {startup['perf/startup_model_time']:.1f} s" + (" (kept)" if policy_reused else ""),
+             f"engine {startup['perf/startup_engine_time']:.1f} s" + (" (kept)" if engine_reused else "")]
+    inner = [f"{label} {startup[key]:.1f} s" for label, key in
+             (("compile", "perf/startup_compile_time"), ("CUDA graphs", "perf/startup_cuda_graph_time"))
+             if key in startup]
+    if inner:
+        parts[-1] += f": {', '.join(inner)}"
+    print(f"labkit: ready in {total:.1f} s ({'; '.join(parts)})", flush=True)
+
+
+def encode_prompt(s: Session, problem) -> list[int]:
+    """Token ids of the chat prompt for a problem (cached by problem id), within the context
+    (a longer one is refused or cut before any engine sees it: labkit.data.fit_prompt)."""
+    ids = s.prompt_cache.get(problem.id)
+    if ids is None:
+        ids = datamod.prompt_token_ids(s.tokenizer, problem.question)
+        ids = s.prompt_cache[problem.id] = datamod.fit_prompt(
+            s.tokenizer, problem, ids, context_length(s.policy, s.engine),
+            s.cfg.rollout_max_response_len, truncate=s.cfg.long_prompts == "truncate")
+    return ids
+
+
+@contextlib.contextmanager
+def timed(timers: dict, name: str):
+    """Time the block into timers[name] (seconds); the trainer logs them as perf/<name>_time."""
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        timers[name] = time.perf_counter() - t
