@@ -270,7 +270,21 @@ def _ended(run) -> int:
     from labkit.stopping import exit_code
 
     print(f"run log: {run.dir / 'metrics.jsonl'}")
+    _say_reward(run)
     return exit_code(run.status)
+
+
+def _say_reward(run) -> None:
+    """One line: the reward at the start -> at the end of the run, and where its plot is."""
+    from labkit import analysis
+
+    try:
+        start, end, k = analysis.reward_at_ends(run.metrics)
+        written = analysis.save_figure(analysis.reward_curve(run.dir), run.dir, "reward")
+    except (analysis.AnalysisError, KeyError, ValueError):  # no finished step to speak of
+        return
+    print(f"reward {start:.3f} -> {end:.3f} (mean of the first and of the last {k} of "
+          f"{len(run.metrics)} steps); plot: {written[0]}")
 
 
 def _say_batch(cfg: RunConfig) -> None:

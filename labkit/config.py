@@ -185,7 +185,13 @@ class RunConfig:
         "data",
     )
     synthetic_steps: int = _f(
-        2, "reasoning steps per synthetic problem (the difficulty knob)", "data"
+        2, "reasoning steps per synthetic problem (the difficulty knob; 0: one addition or "
+        "subtraction of numbers up to 20, the easiest)", "data"
+    )
+    prompt_examples: int = _f(
+        0, "worked examples (made up, 0-4) shown before each question as earlier chat turns, "
+        "answered in the asked '#### <number>' format: a small model learns the format from "
+        "them", "data"
     )
     eval_split_size: int = _f(
         1319, "held-out problems (the first N of the data's test split; GSM8K's has 1,319) "
@@ -264,7 +270,7 @@ class RunConfig:
 
     @classmethod
     def preset(cls, name: str, **changes) -> "RunConfig":
-        """A named starting point (PRESETS: `recipe`, `cpu`, `lesson-cpu`) with `changes` on top."""
+        """A named starting point (PRESETS: `recipe`, `cpu`) with `changes` on top."""
         if name not in PRESETS:
             raise ConfigError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
         return cls().replace(**{**PRESETS[name], **changes})
@@ -274,22 +280,17 @@ class RunConfig:
 PRESETS: dict[str, dict] = {
     # The course's recipe, as written.
     "recipe": {},
-    # The embedded offline default: SmolLM2-135M on synthetic problems, a few small steps,
-    # a few minutes on 2 CPU cores.
+    # The embedded offline default, and the lessons' run on a CPU: SmolLM2-135M on the
+    # easiest made-up problems, shown 2 worked examples, paid a little for the asked format
+    # (math_format), short answers, a reward that rises in a few minutes on 2 CPU cores
+    # (BENCHMARKS.md, "the CPU run learns").
     "cpu": dict(
-        model=EMBEDDED_MODEL, data="synthetic", synthetic_steps=1, engine="hf",
-        rollout_batch_size=4, n_samples_per_prompt=4, global_batch_size=16, micro_batch_size=8,
-        num_rollout=3, rollout_max_response_len=96, lr=1e-5, eval_split_size=0,
+        model=EMBEDDED_MODEL, data="synthetic", synthetic_steps=0, prompt_examples=2,
+        rm_type="math_format", engine="hf", rollout_batch_size=4, n_samples_per_prompt=4,
+        global_batch_size=16, micro_batch_size=8, num_rollout=12, rollout_max_response_len=48,
+        lr=2e-5, eval_split_size=0,
         # ~2,000 tokens per pass keeps the update near 5 GiB of memory on a laptop
-        # (one pass of all 16 samples, ~3,200 tokens, peaked at 8.7 GiB)
         max_tokens_per_gpu=2048,
-    ),
-    # A lesson's run on a CPU (labkit.course.profiles): the embedded model on made-up
-    # one-step problems, one short step on 2 CPU cores.
-    "lesson-cpu": dict(
-        model=EMBEDDED_MODEL, data="synthetic", synthetic_steps=1, engine="hf",
-        rollout_batch_size=2, n_samples_per_prompt=4, global_batch_size=8, micro_batch_size=8,
-        num_rollout=1, rollout_max_response_len=48, lr=1e-5, eval_split_size=0,
     ),
 }
 
@@ -383,7 +384,8 @@ RANGES = [
     ("num_rollout", 1, None, True, "a whole number >= 1"),
     ("rollout_max_response_len", 1, None, True, "a whole number >= 1"),
     ("max_open_requests", 1, None, True, "a whole number >= 1"),
-    ("synthetic_steps", 1, None, True, "a whole number >= 1"),
+    ("synthetic_steps", 0, None, True, "a whole number >= 0 (0: the easiest problems)"),
+    ("prompt_examples", 0, 5, True, "a whole number from 0 to 4"),
     ("eval_split_size", 0, None, True, "a whole number >= 0 (0: no evaluation)"),
     ("eval_interval", 0, None, True, "a whole number >= 0 (0: before the first step and after the last)"),
     ("rollout_logprob_prompts", 0, None, True, "a whole number >= 0"),
@@ -406,7 +408,7 @@ RANGES = [
 ]
 _INTS = {"rollout_batch_size", "n_samples_per_prompt", "global_batch_size", "micro_batch_size",
          "max_tokens_per_gpu", "num_rollout", "rollout_max_response_len", "max_open_requests",
-         "synthetic_steps", "eval_split_size", "eval_interval", "n_logged_prompts", "save_interval",
+         "synthetic_steps", "prompt_examples", "eval_split_size", "eval_interval", "n_logged_prompts", "save_interval",
          "rollout_logprob_prompts"}
 
 

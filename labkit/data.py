@@ -31,6 +31,21 @@ SYSTEM_PROMPT = (
 )
 SYNTHETIC_SIZES = {"train": 5000, "test": 500}  # problems when `n` is not given
 
+# Worked examples a prompt may show before its question (`--prompt-examples K`), as earlier
+# turns of the chat: made-up problems of the synthetic kind, answered in the asked format.
+# A 135M model rarely writes `#### <number>` from the instruction alone (SmolLM2-135M: 9% of
+# sampled answers on GSM8K, 15% on one-step made-up problems); after these turns it does in
+# ~90% (BENCHMARKS.md, "the CPU run learns").
+EXAMPLES = [
+    ("Sam has 12 pens. He buys 5 more pens. How many pens does Sam have now?", "12 + 5 = 17\n#### 17"),
+    ("Lena has 30 shells. She gives away 8 shells to Max. How many shells does Lena have now?",
+     "30 - 8 = 22\n#### 22"),
+    ("Max has 7 cards. Then he ends up with 3 times as many cards as before. How many cards "
+     "does Max have now?", "7 * 3 = 21\n#### 21"),
+    ("Ana has 24 beads. She splits the beads into 4 equal groups and keeps one group. How many "
+     "beads does Ana have now?", "24 / 4 = 6\n#### 6"),
+]
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -41,15 +56,21 @@ class Problem:
     label: str
 
 
-def build_messages(question: str) -> list[dict]:
-    """Chat messages for one problem: the system prompt (reason, then `#### <answer>`)
-    and the question as the user's turn."""
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+def build_messages(question: str, examples: int = 0) -> list[dict]:
+    """Chat messages for one problem: the system prompt (reason, then `#### <answer>`), the
+    first `examples` worked EXAMPLES as earlier user/assistant turns, and the question as
+    the user's turn."""
+    if not 0 <= examples <= len(EXAMPLES):
+        raise ValueError(f"examples={examples}: labkit has {len(EXAMPLES)} worked examples")
+    shown = [{"role": role, "content": text} for q, a in EXAMPLES[:examples]
+             for role, text in (("user", q), ("assistant", a))]
+    return [{"role": "system", "content": SYSTEM_PROMPT}, *shown, {"role": "user", "content": question}]
 
 
-def prompt_token_ids(tokenizer, question: str) -> list[int]:
-    """The chat prompt of a question as token ids, ready for the assistant's answer."""
-    messages = build_messages(question)
+def prompt_token_ids(tokenizer, question: str, examples: int = 0) -> list[int]:
+    """The chat prompt of a question (after `examples` worked examples) as token ids, ready
+    for the assistant's answer."""
+    messages = build_messages(question, examples)
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
@@ -59,7 +80,7 @@ def prompt_token_ids(tokenizer, question: str) -> list[int]:
 
 
 def fit_prompt(tokenizer, problem: Problem, ids: list[int], context: Optional[int],
-               max_response_len: int, *, truncate: bool = False) -> list[int]:
+               max_response_len: int, *, truncate: bool = False, examples: int = 0) -> list[int]:
     """`ids` (the prompt of `problem`) when they leave room for `max_response_len` answer
     tokens in `context` (None: no limit known); else the question's end is cut (`truncate`)
     or DataError names the problem and the fix.
@@ -79,7 +100,7 @@ def fit_prompt(tokenizer, problem: Problem, ids: list[int], context: Optional[in
             f"{max_response_len:,}; remove or shorten that problem, lower "
             f"--rollout-max-response-len, or pass --long-prompts truncate")
     try:
-        cut = truncated_prompt_ids(tokenizer, problem.question, limit)
+        cut = truncated_prompt_ids(tokenizer, problem.question, limit, examples)
     except ValueError as e:
         raise DataError(f"prompt {problem.id}: {e} (context {context:,} tokens minus "
                         f"--rollout-max-response-len {max_response_len:,})") from None
@@ -88,10 +109,10 @@ def fit_prompt(tokenizer, problem: Problem, ids: list[int], context: Optional[in
     return cut
 
 
-def truncated_prompt_ids(tokenizer, question: str, max_tokens: int) -> list[int]:
+def truncated_prompt_ids(tokenizer, question: str, max_tokens: int, examples: int = 0) -> list[int]:
     """The chat prompt of `question` with the question's end cut, so that it has at most
     `max_tokens` tokens; ValueError when even an empty question does not fit."""
-    ids = prompt_token_ids(tokenizer, question)
+    ids = prompt_token_ids(tokenizer, question, examples)
     words = tokenizer(question, add_special_tokens=False)["input_ids"]
     keep = len(words)
     for _ in range(20):  # a cut can re-tokenize a little longer: trim by the excess, again
@@ -100,7 +121,7 @@ def truncated_prompt_ids(tokenizer, question: str, max_tokens: int) -> list[int]
         keep -= len(ids) - max_tokens
         if keep <= 0:
             raise ValueError(f"the prompt's instructions alone take more than {max_tokens} tokens")
-        ids = prompt_token_ids(tokenizer, tokenizer.decode(words[:keep]))
+        ids = prompt_token_ids(tokenizer, tokenizer.decode(words[:keep]), examples)
     raise ValueError(f"could not cut the prompt to {max_tokens} tokens")
 
 
@@ -327,11 +348,12 @@ TEMPLATES = {
 
 
 def synthetic_problems(n: int, steps: int, seed: int, split: str = "train") -> list[Problem]:
-    """`n` seeded word problems of `steps` operations each (+, -, x, / with whole results).
+    """`n` seeded word problems of `steps` operations each (+, -, x, / with whole results);
+    `steps=0` is the easiest level: one addition or subtraction, numbers up to 20.
     Same (n, steps, seed, split), same problems. A problem's split is fixed by a hash of
     its text (1 in 10 is test), so train and test never share a problem whatever `n`."""
-    if steps < 1 or n < 0:
-        raise ValueError(f"synthetic problems need steps >= 1 and n >= 0, got {steps}, {n}")
+    if steps < 0 or n < 0:
+        raise ValueError(f"synthetic problems need steps >= 0 and n >= 0, got {steps}, {n}")
     rng = random.Random(f"labkit-synthetic/{split}/{seed}/{steps}")
     seen: set[str] = set()
     problems: list[Problem] = []
@@ -350,13 +372,15 @@ def synthetic_problems(n: int, steps: int, seed: int, split: str = "train") -> l
 
 
 def _write_problem(rng: random.Random, steps: int) -> tuple[str, int]:
-    """One problem's text and answer: a start amount, then `steps` operations."""
+    """One problem's text and answer: a start amount, then `steps` operations (0: one
+    addition or subtraction of small numbers)."""
     name, friend = rng.sample(NAMES, 2)
     item = rng.choice(ITEMS)
-    value = rng.randint(5, 60)
+    easy = steps == 0
+    value = rng.randint(3, 20) if easy else rng.randint(5, 60)
     sentences = [f"{name} has {value} {item}."]
-    for _ in range(steps):
-        op, k = _pick_operation(rng, value)
+    for _ in range(max(steps, 1)):
+        op, k = _pick_small_operation(rng, value) if easy else _pick_operation(rng, value)
         value = {"add": value + k, "sub": value - k, "mul": value * k, "div": value // k}[op]
         pronoun = PRONOUNS[name]
         sentences.append(rng.choice(TEMPLATES[op]).format(
@@ -364,6 +388,13 @@ def _write_problem(rng: random.Random, steps: int) -> tuple[str, int]:
             k=k, item=item, friend=friend))
     sentences.append(f"How many {item} does {name} have now?")
     return " ".join(sentences), value
+
+
+def _pick_small_operation(rng: random.Random, value: int) -> tuple[str, int]:
+    """Add or subtract k in 2..10 (the result stays >= 1)."""
+    if rng.random() < 0.5:
+        return "add", rng.randint(2, 10)
+    return "sub", rng.randint(2, min(10, value - 1))
 
 
 def _pick_operation(rng: random.Random, value: int) -> tuple[str, int]:

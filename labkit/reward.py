@@ -52,6 +52,12 @@ def extract_final_answer(text: str) -> Optional[str]:
     `\\boxed{...}`, the one that comes later; None when there is neither. A `####` line that
     is a numbered heading, or holds no digit (`\\(#### \\)` quoted from the instructions),
     is not an answer."""
+    found = final_answer_and_form(text)
+    return None if found is None else found[1]
+
+
+def final_answer_and_form(text: str) -> Optional[tuple[str, str]]:
+    """(form, answer) of the final answer: form "####" or "boxed" (see extract_final_answer)."""
     if not isinstance(text, str):
         return None
     hashed = None
@@ -61,8 +67,8 @@ def extract_final_answer(text: str) -> Optional[str]:
             hashed = (m.start(), answer)
     boxed = _last_boxed_span(text)
     if boxed is not None and (hashed is None or boxed[0] > hashed[0]):
-        return text[boxed[1]:boxed[2]].strip()
-    return None if hashed is None else hashed[1]
+        return "boxed", text[boxed[1]:boxed[2]].strip()
+    return None if hashed is None else ("####", hashed[1])
 
 
 def _last_boxed(text: str) -> Optional[str]:
@@ -255,8 +261,29 @@ def math_reward(response: str, label: str) -> float:
     return 1.0 if answers_match(answer, label) else 0.0
 
 
+FORMAT_CREDIT = 0.1  # math_format: what a wrong number in the asked format earns
+
+
+def math_format_reward(response: str, label: str) -> float:
+    """The math reward, plus FORMAT_CREDIT (0.1) for a final answer in the asked format
+    (a `#### <number>` line) whose number is wrong; 0.0 for no readable final answer.
+
+    Why: a small model that never writes the asked format scores 0 everywhere and GRPO gets
+    no signal (every group all-equal); a little credit for the format, as DeepSeek-R1's
+    format rewards give, lets it first learn where the answer goes. The credit is a tenth of
+    a right answer, so no fixed string pays: "#### 7" on every problem earns 0.1 plus the
+    share of problems whose answer is 7, and a group of identical answers teaches nothing."""
+    if math_reward(response, label) == 1.0:
+        return 1.0
+    found = final_answer_and_form(response)
+    if found is None or found[0] != "####" or parse_number(found[1]) is None:
+        return 0.0
+    return FORMAT_CREDIT
+
+
 REWARDS: dict[str, RewardFn] = {
-    "math": math_reward,
+    "math": math_reward,  # 1 for the right final answer (#### or \boxed{}), else 0
+    "math_format": math_format_reward,  # the same, plus 0.1 for a wrong #### <number>
 }
 
 

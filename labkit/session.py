@@ -151,10 +151,11 @@ def encode_prompt(s: Session, problem) -> list[int]:
     (a longer one is refused or cut before any engine sees it: labkit.data.fit_prompt)."""
     ids = s.prompt_cache.get(problem.id)
     if ids is None:
-        ids = datamod.prompt_token_ids(s.tokenizer, problem.question)
+        ids = datamod.prompt_token_ids(s.tokenizer, problem.question, s.cfg.prompt_examples)
         ids = s.prompt_cache[problem.id] = datamod.fit_prompt(
             s.tokenizer, problem, ids, context_length(s.policy, s.engine),
-            s.cfg.rollout_max_response_len, truncate=s.cfg.long_prompts == "truncate")
+            s.cfg.rollout_max_response_len, truncate=s.cfg.long_prompts == "truncate",
+            examples=s.cfg.prompt_examples)
     return ids
 
 

@@ -128,3 +128,16 @@ def test_compare_takes_the_gain_windows_as_flags(tmp_path, capsys):
                  "--out", str(tmp_path / "plots")]) == 0
     captured = capsys.readouterr()
     assert "group size" in captured.out and "skipped" in captured.err
+
+
+def test_a_launch_ends_with_the_reward_at_the_start_and_the_end_and_its_plot(tmp_path, tiny_model_dir, capsys):
+    out = tmp_path / "runs"
+    flags = tiny_flags(tiny_model_dir, out)
+    flags[flags.index("--num-rollout") + 1] = "3"
+    assert main(["launch", *flags]) == 0
+    printed = capsys.readouterr().out
+    rewards = [json.loads(x)["rollout/raw_reward"] for x in (out / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    line = next(x for x in printed.splitlines() if x.startswith("reward "))
+    assert line.startswith(f"reward {rewards[0]:.3f} -> {rewards[-1]:.3f} (mean of the first and of "
+                           f"the last 1 of 3 steps); plot: ")
+    assert (out / "tiny" / "reward.png").stat().st_size > 0

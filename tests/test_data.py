@@ -259,3 +259,27 @@ def test_redact_quotes_cuts_every_restatement_of_the_problem():
     assert "Lina has four boxes with nine pens" not in out
     assert out.count("[...]") == 3 and out.endswith("#### 29") and "36-7=29" in out
     assert redact_quotes("#### 29", q) == "#### 29"  # short overlaps stay
+
+
+def test_worked_examples_come_before_the_question_in_the_asked_format():
+    from labkit.data import EXAMPLES
+    from labkit.reward import math_reward
+
+    plain = build_messages("Q?")
+    shown = build_messages("Q?", examples=2)
+    assert [m["role"] for m in shown] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert shown[0] == plain[0] and shown[-1] == plain[-1] == {"role": "user", "content": "Q?"}
+    for question, answer in EXAMPLES:  # each worked example is right by the math reward
+        label = answer.rsplit("#### ", 1)[1]
+        assert math_reward(answer, label) == 1.0 and "####" not in question
+    with pytest.raises(ValueError, match="4 worked examples"):
+        build_messages("Q?", examples=5)
+
+
+def test_the_easiest_synthetic_problems_add_or_subtract_small_numbers():
+    problems = synthetic_problems(200, steps=0, seed=1)
+    assert len({p.question for p in problems}) == 200
+    for p in problems:
+        numbers = [int(w) for w in p.question.replace(".", " ").split() if w.isdigit()]
+        assert len(numbers) == 2 and numbers[0] <= 20 and 2 <= numbers[1] <= 10
+        assert int(p.label) in (numbers[0] + numbers[1], numbers[0] - numbers[1]) and int(p.label) >= 1

@@ -573,9 +573,9 @@ def test_profile_configs():
 def test_a_profile_is_described_from_its_preset(monkeypatch):
     from labkit import config
 
-    monkeypatch.setitem(config.PRESETS, "lesson-cpu",
-                        {**config.PRESETS["lesson-cpu"], "num_rollout": 12, "rollout_batch_size": 4,
-                         "global_batch_size": 16})
+    monkeypatch.setitem(config.PRESETS, "cpu",
+                        {**config.PRESETS["cpu"], "num_rollout": 12, "rollout_batch_size": 4,
+                         "global_batch_size": 16, "rollout_max_response_len": 48})
     assert profiles.describe("cpu") == ("SmolLM2-135M (embedded) on made-up problems, 4 prompts "
                                         "x 4 answers, at most 48 tokens, 12 steps")
     assert profiles.describe("gpu").startswith("the recipe: Qwen/Qwen2.5-0.5B-Instruct on gsm8k, "

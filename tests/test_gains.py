@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -153,3 +154,20 @@ def test_the_batch_size_sweep_is_not_read_as_seeds_of_the_recipe():
     recipe = by_lr[by_lr.prompts == 32]
     verdict = inside_one_range(recipe)
     assert "the 3 seeds at 8 answers span +0.048 to +0.070" in verdict.text
+
+
+def test_reward_rise_reads_a_short_run_by_step_and_by_minute(tmp_path):
+    from labkit.analysis import reward_rise
+
+    rewards = [0.2, 0.2, 0.2, 0.4, 0.4, 0.4, 0.6, 0.6, 0.6]  # thirds: 0.2, 0.4, 0.6
+    small_run(tmp_path, "r", n_steps=9, gain=0.0)
+    metrics = tmp_path / "r" / "metrics.jsonl"
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    for row, reward in zip(rows, rewards):
+        row["rollout/raw_reward"], row["perf/step_time"] = reward, 20.0
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (row,) = reward_rise(load_runs(tmp_path)).to_dict("records")
+    assert row["start"] == pytest.approx(0.2) and row["end"] == pytest.approx(0.6)
+    assert row["rise"] == pytest.approx(0.4) and row["minutes"] == pytest.approx(3.0)
+    assert row["rise_per_step"] == pytest.approx(0.4 / 6)  # from the first third's middle to the last's
+    assert row["rise_per_minute"] == pytest.approx(0.4 / 3.0)

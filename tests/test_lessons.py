@@ -38,7 +38,7 @@ def test_lesson_1_3_names_the_runs_model_where_it_introduces_them():
 
 def test_lesson_1_3_compares_runs_of_one_setting():
     source = "\n".join(text(c) for c in cells("03_group_size.ipynb") if c["cell_type"] == "code")
-    assert "runs = finished[(finished.prompts == 32) & (finished.lr == LR)]" in source
+    assert "runs = first_plan[(first_plan.prompts == 32) & (first_plan.lr == LR)]" in source
 
 
 def test_lesson_1_2_introduces_the_16_answer_run_before_quoting_it():
@@ -53,10 +53,11 @@ def test_lesson_1_1_teaches_interrupt_and_resume():
     lesson = cells("01_launcher.ipynb")
     launch = first_index(lesson, r"run = labkit\.launch\(cfg\)", "code")
     told = first_index(lesson, r"interrupt", "markdown")
-    resume = first_index(lesson, r"labkit\.launch\(\w+, resume=run\.dir\)", "code")
-    assert launch < told < resume
-    assert "■" in text(lesson[told]) and "resume=run.dir" in text(lesson[told])
-    assert "num_rollout=cfg.num_rollout + 1" in text(lesson[resume])
+    pressed = first_index(lesson, r"signal\.SIGINT", "code")  # what ■ sends, sent by the cell
+    resume = first_index(lesson, r"labkit\.launch\(\w+, resume=stopped\.dir\)", "code")
+    assert launch < told < pressed < resume
+    assert "■" in text(lesson[told]) and "SIGINT" in text(lesson[told])
+    assert "press.cancel()" in text(lesson[pressed])  # no stray interrupt after a quick run
 
 
 def test_lesson_1_1_does_not_hard_code_the_cpu_runs_numbers():

@@ -258,3 +258,32 @@ def test_score_survives_a_raising_reward_and_warns_once():
 def test_score_refuses_mismatched_lengths():
     with pytest.raises(ValueError, match="2 responses but 1 labels"):
         score(["a", "b"], ["1"], math_reward)
+
+
+# ------------------------------------------------------------------ math_format
+def test_math_format_pays_the_right_answer_and_a_little_for_the_asked_format():
+    from labkit.reward import FORMAT_CREDIT, REWARDS, math_format_reward
+
+    assert REWARDS["math_format"] is math_format_reward
+    assert math_format_reward("8 + 4 = 12\n#### 12", "12") == 1.0  # right, in the asked format
+    assert math_format_reward("#### 13", "12") == FORMAT_CREDIT == 0.1  # the format alone
+    assert math_format_reward("The answer is 12.", "12") == 0.0  # right number, wrong format
+    assert math_format_reward("12", "12") == 0.0
+    assert math_format_reward("\\boxed{13}", "12") == 0.0  # no credit for another format
+    assert math_format_reward("#### 5, then \\boxed{13}", "12") == 0.0  # the last answer counts
+    assert math_format_reward("#### twelve", "12") == 0.0  # no number, no format
+    assert math_format_reward("", "12") == 0.0
+
+
+def test_no_constant_string_pays_under_math_format():
+    """A policy that always writes one string earns the format credit plus the share of
+    problems whose answer that string happens to be: far below what right answers earn."""
+    from labkit.data import synthetic_problems
+    from labkit.reward import math_format_reward
+
+    problems = synthetic_problems(400, steps=0, seed=3)
+    for constant in ("#### 7", "#### 0", "#### 12\n#### 12", "I don't know"):
+        mean = sum(math_format_reward(constant, p.label) for p in problems) / len(problems)
+        assert mean < 0.2, (constant, mean)
+    right = sum(math_format_reward(f"#### {p.label}", p.label) for p in problems) / len(problems)
+    assert right == 1.0

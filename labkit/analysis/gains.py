@@ -89,6 +89,38 @@ def _selection(per_run: pd.DataFrame, differ: list[str]) -> str:
     return "e.g. runs[" + " & ".join(terms) + "]"
 
 
+def reward_at_ends(metrics: pd.DataFrame) -> tuple[float, float, int]:
+    """(mean reward of the first third of a run's steps, of the last third, steps in a
+    third): the launcher's one-line answer to "did the reward rise?". `metrics`: a run's
+    step rows (Run.metrics). AnalysisError for a run with no reward logged."""
+    if REWARD not in metrics or metrics[REWARD].dropna().empty:
+        raise AnalysisError(f"no {REWARD} logged")
+    rewards = metrics.sort_values(STEP)[REWARD].dropna().to_numpy(float)
+    k = max(1, len(rewards) // 3)
+    return float(rewards[:k].mean()), float(rewards[-k:].mean()), k
+
+
+def reward_rise(runs: Runs) -> pd.DataFrame:
+    """How far and how fast each run's reward rose, for runs too short for the course's
+    windows (a CPU run of a dozen steps): one row per run with run, group_size, seed,
+    steps, minutes (the steps' own time, perf/step_time summed), start and end (mean reward
+    of the first and of the last third of its steps), rise (end - start), rise_per_step
+    (over the steps between the two thirds' middles), rise_per_minute, and all_equal (the mean share of groups whose answers all got one
+    reward: they teach nothing)."""
+    rows = []
+    for name, run in as_runs(runs).groupby("run", sort=False):
+        start, end, _ = reward_at_ends(run)
+        minutes = float(pd.to_numeric(run.get("perf/step_time"), errors="coerce").sum()) / 60
+        steps = len(run)
+        rows.append(dict(run=name, group_size=int(run.group_size.iat[0]), seed=run.seed.iat[0],
+                         steps=steps, minutes=minutes, start=start, end=end, rise=end - start,
+                         rise_per_step=(end - start) / max(steps - steps // 3, 1),
+                         rise_per_minute=(end - start) / minutes if minutes else float("nan"),
+                         all_equal=float(pd.to_numeric(run.get("rollout/zero_std/frac_groups"),
+                                                       errors="coerce").mean())))
+    return pd.DataFrame(rows)
+
+
 def check_window(window: tuple[int, int], name: str) -> tuple[int, int]:
     a, b = (int(x) for x in window)
     if not 0 <= a <= b:

@@ -1,10 +1,11 @@
-"""Profiles: the run a lesson launches, the GPU recipe or a CPU run that ends in a minute.
+"""Profiles: the run a lesson launches, the GPU recipe or a CPU run that ends in minutes.
 
 A lesson is written once and runs on two kinds of machine. On the course's H200 it
 launches the recipe as written (`gpu`: `RunConfig()`, Qwen2.5-0.5B-Instruct, 32 prompts
 x 8 answers, 24 steps). On a laptop or a CI runner with no GPU it launches the same loop
-on the embedded SmolLM2-135M (`cpu`: the `lesson-cpu` preset, a short run on made-up
-problems), so every cell runs and every exercise can be graded. The first cell of
+on the embedded SmolLM2-135M (`cpu`: the `cpu` preset, command (a) of the README, a run
+on made-up problems whose reward rises in minutes), so every cell runs and every exercise
+can be graded. The first cell of
 each notebook is `PROFILE = labkit.course.profiles.pick()`: the GPU when there is one, else the
 CPU, and the environment variable LABKIT_PROFILE overrides both.
 
@@ -29,7 +30,7 @@ RUNS_ENV = "LABKIT_RUNS_DIR"
 # (one definition of each run, whatever launches it).
 PROFILES: dict[str, str] = {
     "gpu": "recipe",  # the course's recipe as written: Qwen2.5-0.5B-Instruct, 24 steps
-    "cpu": "lesson-cpu",  # the embedded model on made-up problems, one short step
+    "cpu": "cpu",  # the embedded model on the easiest made-up problems: command (a)'s run
 }
 
 

@@ -200,9 +200,10 @@ def render_script(
 
 
 # ------------------------------------------------------------------ the prompts
-def write_prompt_data(problems: list["Problem"], path) -> Path:
+def write_prompt_data(problems: list["Problem"], path, examples: int = 0) -> Path:
     """Write problems as miles' prompt file: one JSON line each, {"messages": labkit's chat
-    messages, "label": the label, "metadata": {"id": ...}}, in the given order. Returns the path."""
+    messages (after `examples` worked examples), "label": the label, "metadata": {"id": ...}},
+    in the given order. Returns the path."""
     from labkit.data import build_messages
 
     path = Path(path)
@@ -210,7 +211,7 @@ def write_prompt_data(problems: list["Problem"], path) -> Path:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for p in problems:
-            row = {INPUT_KEY: build_messages(p.question), LABEL_KEY: p.label,
+            row = {INPUT_KEY: build_messages(p.question, examples), LABEL_KEY: p.label,
                    "metadata": {"id": p.id}}
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     tmp.replace(path)
@@ -315,10 +316,10 @@ def write_run_folder(cfg: RunConfig, run_dir: Path, script: str, *, explicit: It
     from labkit.data import split_eval
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_prompt_data(ordered_problems(cfg), run_dir / PROMPTS)
+    write_prompt_data(ordered_problems(cfg), run_dir / PROMPTS, cfg.prompt_examples)
     if cfg.eval_interval > 0:
         held_out = split_eval(cfg.data, cfg.eval_split_size, synthetic_steps=cfg.synthetic_steps)
-        write_prompt_data(held_out, run_dir / EVAL_PROMPTS)
+        write_prompt_data(held_out, run_dir / EVAL_PROMPTS, cfg.prompt_examples)
     info = {"labkit_version": __version__, "config": cfg.to_dict(), "explicit": sorted(explicit),
             "train_args": build_command(cfg, explicit=explicit, gpus=gpus)[2:],
             "miles": MILES_CHECKED}
