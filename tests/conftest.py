@@ -94,3 +94,6 @@ def runs(course_dir):
     from labkit.analysis.runframe import load_runs
 
     return load_runs(course_dir)
+
+
+from fixtures_engines import served  # noqa: E402,F401  (a vLLM stand-in for runs: test_keep, test_overlap)

@@ -1,9 +1,14 @@
-"""Helpers shared by the engine, serve and HTTP tests: is a router installed, a trainer-like update."""
+"""Helpers shared by the engine, serve and HTTP tests: is a router installed, a trainer-like
+update, a stand-in for vLLM with weights of its own."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+
+from labkit.engines.hf import HFEngine
 
 from labkit.serving.processes import ServeError
 from labkit.serving.cluster import router_binary
@@ -28,3 +33,44 @@ def perturb_like_an_update(model: torch.nn.Module, seed: int = 0, scale: float =
     for name, p in model.named_parameters():
         if "embed_tokens" in name or ".layers.5." in name:
             p.add_(torch.randn(p.shape, generator=gen) * scale)
+
+
+class Served(HFEngine):
+    """A stand-in for vLLM: its own copy of the weights, updated only by update_weights.
+    `events` records each call with a fingerprint of the weights the engine holds."""
+
+    name = "vllm"
+    built = 0
+
+    def __init__(self, policy, tokenizer):
+        super().__init__(copy.deepcopy(policy), tokenizer)
+        self.events = []
+        Served.built += 1
+
+    def fingerprint(self) -> float:
+        return round(float(sum(p.detach().double().sum() for p in self.model.parameters())), 9)
+
+    def generate(self, prompt_ids, sampling, between_batches=None):
+        self.events.append(("generate", self.fingerprint()))
+        return super().generate(prompt_ids, sampling, between_batches)
+
+    def update_weights(self, model):
+        super().update_weights(model)
+        self.events.append(("update", self.fingerprint()))
+
+
+@pytest.fixture()
+def served(monkeypatch):
+    """Runs get Served engines (made through labkit.session, so they can be kept); returns
+    the list of engines made."""
+    import labkit.session
+
+    made = []
+
+    def make(cfg, path, policy, tokenizer):
+        made.append(Served(policy, tokenizer))
+        return made[-1]
+
+    monkeypatch.setattr(labkit.session, "make_engine", make)
+    monkeypatch.setattr(labkit.session, "resolve_engine", lambda cfg: "vllm")
+    return made

@@ -7,22 +7,8 @@ import pytest
 import torch
 
 import labkit
-import labkit.session as session
 from labkit.engines import keep
-from test_overlap import Served
-
-
-@pytest.fixture()
-def served(monkeypatch):
-    made = []
-
-    def make(cfg, path, policy, tokenizer):
-        made.append(Served(policy, tokenizer))
-        return made[-1]
-
-    monkeypatch.setattr(session, "make_engine", make)
-    monkeypatch.setattr(session, "resolve_engine", lambda cfg: "vllm")
-    return made
+from fixtures_engines import Served
 
 
 def test_a_rerun_takes_the_engine_back_with_the_starting_weights(tiny_cfg, served, capsys):

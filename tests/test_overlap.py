@@ -4,19 +4,16 @@ PPO ratio is taken against the engine's own log-probs (a case small enough to do
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-import labkit.session
 import labkit.trainer as trainer
 from labkit.config import ConfigError, RunConfig
 from labkit.data import Problem
 from labkit.engines.base import Completion
-from labkit.engines.hf import HFEngine
 
 
 class Uniform(torch.nn.Module):
@@ -67,43 +64,6 @@ def test_in_step_the_ratio_is_one():
     assert stats["train/loss"] == pytest.approx(-1.0) and stats["train/pg_clipfrac"] == 0
     # the engine's log-probs only feed the check: |log 0.25 - log 0.1|
     assert stats["train/train_rollout_logprob_abs_diff"] == pytest.approx(math.log(2.5), abs=1e-6)
-
-
-class Served(HFEngine):
-    """A stand-in for vLLM: its own copy of the weights, updated only by update_weights.
-    `events` records each call with a fingerprint of the weights the engine holds."""
-
-    name = "vllm"
-    built = 0
-
-    def __init__(self, policy, tokenizer):
-        super().__init__(copy.deepcopy(policy), tokenizer)
-        self.events = []
-        Served.built += 1
-
-    def fingerprint(self) -> float:
-        return round(float(sum(p.detach().double().sum() for p in self.model.parameters())), 9)
-
-    def generate(self, prompt_ids, sampling, between_batches=None):
-        self.events.append(("generate", self.fingerprint()))
-        return super().generate(prompt_ids, sampling, between_batches)
-
-    def update_weights(self, model):
-        super().update_weights(model)
-        self.events.append(("update", self.fingerprint()))
-
-
-@pytest.fixture()
-def served(monkeypatch):
-    made = []
-
-    def make(cfg, path, policy, tokenizer):
-        made.append(Served(policy, tokenizer))
-        return made[-1]
-
-    monkeypatch.setattr(labkit.session, "make_engine", make)
-    monkeypatch.setattr(labkit.session, "resolve_engine", lambda cfg: "vllm")
-    return made
 
 
 def test_the_next_rollout_comes_from_the_weights_before_the_update(tiny_cfg, served):
