@@ -280,7 +280,9 @@ def _say_reward(run) -> None:
 
     try:
         start, end, k = analysis.reward_at_ends(run.metrics)
-        written = analysis.save_figure(analysis.reward_curve(run.dir), run.dir, "reward")
+        early, late = analysis.end_windows(run.metrics)
+        written = analysis.save_figure(analysis.reward_curve(run.dir, early=early, late=late),
+                                       run.dir, "reward")
     except (analysis.AnalysisError, KeyError, ValueError):  # no finished step to speak of
         return
     print(f"reward {start:.3f} -> {end:.3f} (mean of the first and of the last {k} of "

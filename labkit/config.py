@@ -283,7 +283,7 @@ PRESETS: dict[str, dict] = {
     # The embedded offline default, and the lessons' run on a CPU: SmolLM2-135M on the
     # easiest made-up problems, shown 2 worked examples, paid a little for the asked format
     # (math_format), short answers, a reward that rises in a few minutes on 2 CPU cores
-    # (BENCHMARKS.md, "the CPU run learns").
+    # (BENCHMARKS.md, "the CPU run that learns").
     "cpu": dict(
         model=EMBEDDED_MODEL, data="synthetic", synthetic_steps=0, prompt_examples=2,
         rm_type="math_format", engine="hf", rollout_batch_size=4, n_samples_per_prompt=4,

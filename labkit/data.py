@@ -35,7 +35,7 @@ SYNTHETIC_SIZES = {"train": 5000, "test": 500}  # problems when `n` is not given
 # turns of the chat: made-up problems of the synthetic kind, answered in the asked format.
 # A 135M model rarely writes `#### <number>` from the instruction alone (SmolLM2-135M: 9% of
 # sampled answers on GSM8K, 15% on one-step made-up problems); after these turns it does in
-# ~90% (BENCHMARKS.md, "the CPU run learns").
+# ~90% (BENCHMARKS.md, "the CPU run that learns").
 EXAMPLES = [
     ("Sam has 12 pens. He buys 5 more pens. How many pens does Sam have now?", "12 + 5 = 17\n#### 17"),
     ("Lena has 30 shells. She gives away 8 shells to Max. How many shells does Lena have now?",

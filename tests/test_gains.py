@@ -171,3 +171,14 @@ def test_reward_rise_reads_a_short_run_by_step_and_by_minute(tmp_path):
     assert row["rise"] == pytest.approx(0.4) and row["minutes"] == pytest.approx(3.0)
     assert row["rise_per_step"] == pytest.approx(0.4 / 6)  # from the first third's middle to the last's
     assert row["rise_per_minute"] == pytest.approx(0.4 / 3.0)
+
+
+def test_the_launchers_thirds_and_the_windows_its_plot_shades():
+    from labkit.analysis.gains import end_windows, reward_at_ends
+
+    steps = pd.DataFrame({"rollout/step": [3, 0, 1, 2, 4, 5, 6],  # out of order, one unscored
+                          "rollout/raw_reward": [0.3, 0.0, 0.1, None, 0.4, 0.5, 0.6]})
+    assert reward_at_ends(steps) == pytest.approx((0.05, 0.55, 2))
+    assert end_windows(steps) == ((0, 1), (5, 6))
+    with pytest.raises(AnalysisError, match="no rollout/raw_reward"):
+        reward_at_ends(pd.DataFrame({"rollout/step": [0]}))

@@ -24,8 +24,8 @@ from __future__ import annotations
 from labkit.analysis.table import check_comparable, compare, drop_unfinished, render_table
 from labkit.analysis.costs import common_clean_steps, run_costs
 from labkit.analysis.gains import (EARLY, LATE, REFERENCE, SETTINGS, Verdict, bootstrap_gain,
-                                   group_gains, inside_one_range, refuse_mixed_settings, reward_at_ends,
-                                   reward_rise, run_gains, window_rewards)
+                                   end_windows, group_gains, inside_one_range, refuse_mixed_settings,
+                                   reward_at_ends, reward_rise, run_gains, window_rewards)
 from labkit.analysis.heldout import group_heldout, heldout_gains, heldout_verdict, read_evaluations
 from labkit.analysis.plots import (heldout_plot, plot_all, response_length_curve, reward_curve,
                                    rollout_time_curve, save_figure, zero_std_curve)
@@ -44,7 +44,7 @@ __all__ = [
     "CONFIG_COLUMNS", "METRIC_FALLBACK", "MILES_LOG", "MILES_INFO",
     # the gain (labkit.analysis.gains)
     "run_gains", "group_gains", "window_rewards", "bootstrap_gain", "inside_one_range", "Verdict",
-    "EARLY", "LATE", "REFERENCE", "SETTINGS", "refuse_mixed_settings", "reward_at_ends", "reward_rise",
+    "EARLY", "LATE", "REFERENCE", "SETTINGS", "refuse_mixed_settings", "reward_at_ends", "end_windows", "reward_rise",
     # held-out accuracy (labkit.analysis.heldout)
     "heldout_gains", "group_heldout", "heldout_verdict", "read_evaluations",
     # the cost (labkit.analysis.costs)

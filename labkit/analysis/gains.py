@@ -100,6 +100,14 @@ def reward_at_ends(metrics: pd.DataFrame) -> tuple[float, float, int]:
     return float(rewards[:k].mean()), float(rewards[-k:].mean()), k
 
 
+def end_windows(metrics: pd.DataFrame) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The steps reward_at_ends averages, as (first, last) windows for reward_curve's
+    `early` and `late`: the plot then shades what the launcher's line reports."""
+    _, _, k = reward_at_ends(metrics)
+    steps = metrics.dropna(subset=[REWARD]).sort_values(STEP)[STEP].astype(int).to_list()
+    return (steps[0], steps[k - 1]), (steps[-k], steps[-1])
+
+
 def reward_rise(runs: Runs) -> pd.DataFrame:
     """How far and how fast each run's reward rose, for runs too short for the course's
     windows (a CPU run of a dozen steps): one row per run with run, group_size, seed,
