@@ -56,7 +56,8 @@ def check_resumable(log: RunLog, cfg: RunConfig, logged_next: int):
         why = ("it was started with --save-interval -1 (no checkpoints)" if cfg.save_interval < 0
                else "it completed, and a completed run keeps none unless --save-interval K"
                if status.get("reason") == "completed"
-               else "it was killed (SIGKILL, out of memory) before it wrote one")
+               else "it ended without stopping cleanly (SIGKILL, out of memory, power loss) "
+                    "before it wrote one")
         raise RunLogError(
             f"--resume {log.dir}: no checkpoint in {log.dir / 'checkpoint'} to continue from "
             f"(steps 0-{logged_next - 1} are logged; {why}), so resuming would redo them; "
