@@ -106,14 +106,17 @@ def test_an_engine_that_cannot_start_is_reported_and_nothing_is_left(tmp_path):
     assert cluster.procs == []
 
 
-def run_serve(tmp_path, *extra) -> tuple[subprocess.Popen, dict]:
-    """Start `labkit serve` with a fake engine; return it and its serve.json."""
+def run_serve(tmp_path, *extra, background=False) -> tuple[subprocess.Popen, dict]:
+    """Start `labkit serve` with a fake engine; return it and its serve.json. `background`:
+    start it as a shell starts `cmd &`, with SIGINT ignored."""
     port = find_free_base_port(3)
     log_dir = tmp_path / "serve"
     cmd = [sys.executable, "-m", "labkit", "serve", "--backend", "fake", "--engines", "1",
            "--router", "vllm-router" if have_router() else "none", "--port", str(port),
            "--log-dir", str(log_dir), "--startup-timeout-s", "30", *extra]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if background else None
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, preexec_fn=ignore)
     state_file = log_dir / "serve.json"
     for _ in range(300):  # up to 30 s
         if state_file.exists() or proc.poll() is not None:
@@ -123,9 +126,11 @@ def run_serve(tmp_path, *extra) -> tuple[subprocess.Popen, dict]:
     return proc, json.loads(state_file.read_text())
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_serve_stops_every_child_on_a_signal(tmp_path, sig):
-    proc, state = run_serve(tmp_path)
+@pytest.mark.parametrize("sig,background", [(signal.SIGINT, False), (signal.SIGTERM, False),
+                                            (signal.SIGINT, True)],
+                         ids=["ctrl-c", "sigterm", "kill-int-when-started-in-the-background"])
+def test_serve_stops_every_child_on_a_signal(tmp_path, sig, background):
+    proc, state = run_serve(tmp_path, background=background)
     pids = list(state["pids"].values())
     assert all(alive(p) for p in pids)
     proc.send_signal(sig)

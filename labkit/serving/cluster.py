@@ -268,7 +268,9 @@ def serve(cfg: ServeConfig, duration: Optional[float] = None) -> int:
     def on_term(signum, frame):
         raise KeyboardInterrupt
 
-    old = signal.signal(signal.SIGTERM, on_term)
+    # SIGINT too: a shell starts background jobs with it ignored, and Ctrl-C (or kill -INT)
+    # must still stop every engine
+    old = {sig: signal.signal(sig, on_term) for sig in (signal.SIGTERM, signal.SIGINT)}
     cluster, code = Cluster(cfg), 0
     try:
         cluster.start()
@@ -297,7 +299,8 @@ def serve(cfg: ServeConfig, duration: Optional[float] = None) -> int:
         code = 2
     finally:
         left = cluster.stop()
-        signal.signal(signal.SIGTERM, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
         if left:
             print(f"labkit serve: processes still alive after SIGKILL: {left}", file=sys.stderr)
             code = code or 1
