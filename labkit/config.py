@@ -408,8 +408,8 @@ RANGES = [
 ]
 _INTS = {"rollout_batch_size", "n_samples_per_prompt", "global_batch_size", "micro_batch_size",
          "max_tokens_per_gpu", "num_rollout", "rollout_max_response_len", "max_open_requests",
-         "synthetic_steps", "prompt_examples", "eval_split_size", "eval_interval", "n_logged_prompts", "save_interval",
-         "rollout_logprob_prompts"}
+         "synthetic_steps", "prompt_examples", "eval_split_size", "eval_interval",
+         "n_logged_prompts", "save_interval", "rollout_logprob_prompts"}
 
 
 def _check_numbers(cfg: RunConfig) -> None:

@@ -273,12 +273,13 @@ def math_format_reward(response: str, label: str) -> float:
     format rewards give, lets it first learn where the answer goes. The credit is a tenth of
     a right answer, so no fixed string pays: "#### 7" on every problem earns 0.1 plus the
     share of problems whose answer is 7, and a group of identical answers teaches nothing."""
-    if math_reward(response, label) == 1.0:
-        return 1.0
     found = final_answer_and_form(response)
-    if found is None or found[0] != "####" or parse_number(found[1]) is None:
+    if found is None or not isinstance(label, str):
         return 0.0
-    return FORMAT_CREDIT
+    form, answer = found
+    if answers_match(answer, label):
+        return 1.0
+    return FORMAT_CREDIT if form == "####" and parse_number(answer) is not None else 0.0
 
 
 REWARDS: dict[str, RewardFn] = {

@@ -44,7 +44,8 @@ __all__ = [
     "CONFIG_COLUMNS", "METRIC_FALLBACK", "MILES_LOG", "MILES_INFO",
     # the gain (labkit.analysis.gains)
     "run_gains", "group_gains", "window_rewards", "bootstrap_gain", "inside_one_range", "Verdict",
-    "EARLY", "LATE", "REFERENCE", "SETTINGS", "refuse_mixed_settings", "reward_at_ends", "end_windows", "reward_rise",
+    "EARLY", "LATE", "REFERENCE", "SETTINGS", "refuse_mixed_settings",
+    "reward_at_ends", "end_windows", "reward_rise",
     # held-out accuracy (labkit.analysis.heldout)
     "heldout_gains", "group_heldout", "heldout_verdict", "read_evaluations",
     # the cost (labkit.analysis.costs)

@@ -93,19 +93,25 @@ def reward_at_ends(metrics: pd.DataFrame) -> tuple[float, float, int]:
     """(mean reward of the first third of a run's steps, of the last third, steps in a
     third): the launcher's one-line answer to "did the reward rise?". `metrics`: a run's
     step rows (Run.metrics). AnalysisError for a run with no reward logged."""
-    if REWARD not in metrics or metrics[REWARD].dropna().empty:
-        raise AnalysisError(f"no {REWARD} logged")
-    rewards = metrics.sort_values(STEP)[REWARD].dropna().to_numpy(float)
-    k = max(1, len(rewards) // 3)
+    scored, k = _thirds(metrics)
+    rewards = scored[REWARD].to_numpy(float)
     return float(rewards[:k].mean()), float(rewards[-k:].mean()), k
 
 
 def end_windows(metrics: pd.DataFrame) -> tuple[tuple[int, int], tuple[int, int]]:
     """The steps reward_at_ends averages, as (first, last) windows for reward_curve's
     `early` and `late`: the plot then shades what the launcher's line reports."""
-    _, _, k = reward_at_ends(metrics)
-    steps = metrics.dropna(subset=[REWARD]).sort_values(STEP)[STEP].astype(int).to_list()
+    scored, k = _thirds(metrics)
+    steps = scored[STEP].astype(int).to_list()
     return (steps[0], steps[k - 1]), (steps[-k], steps[-1])
+
+
+def _thirds(metrics: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """The steps with a reward, in order, and how many make a third (at least one)."""
+    if REWARD not in metrics or metrics[REWARD].dropna().empty:
+        raise AnalysisError(f"no {REWARD} logged")
+    scored = metrics.dropna(subset=[REWARD]).sort_values(STEP)
+    return scored, max(1, len(scored) // 3)
 
 
 def reward_rise(runs: Runs) -> pd.DataFrame:
@@ -113,8 +119,8 @@ def reward_rise(runs: Runs) -> pd.DataFrame:
     windows (a CPU run of a dozen steps): one row per run with run, group_size, seed,
     steps, minutes (the steps' own time, perf/step_time summed), start and end (mean reward
     of the first and of the last third of its steps), rise (end - start), rise_per_step
-    (over the steps between the two thirds' middles), rise_per_minute, and all_equal (the mean share of groups whose answers all got one
-    reward: they teach nothing)."""
+    (over the steps between the two thirds' middles), rise_per_minute, and all_equal (the
+    mean share of groups whose answers all got one reward: they teach nothing)."""
     rows = []
     for name, run in as_runs(runs).groupby("run", sort=False):
         start, end, _ = reward_at_ends(run)
