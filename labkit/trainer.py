@@ -304,7 +304,9 @@ def _progress(s: Session, first: int):
         return None
     from labkit.progress import StepProgress
 
-    return StepProgress(s.cfg.num_rollout, first, engine=s.engine, policy=s.policy,
+    # the update runs the transformer body (actor._forward_logprobs), not the policy's forward
+    body = getattr(s.policy, "base_model", s.policy)
+    return StepProgress(s.cfg.num_rollout, first, engine=s.engine, policy=body,
                         samples=s.cfg.samples_per_rollout)
 
 
