@@ -71,6 +71,9 @@ def launch_parser() -> argparse.ArgumentParser:
                      help="print the resolved config (or the miles script) and stop")
     own.add_argument("--debug", action="store_true",
                      help="show the traceback of an error (also env LABKIT_DEBUG=1)")
+    from labkit.miles.command import MILES_FLAGS_HELP
+
+    p.add_argument_group("--backend miles", MILES_FLAGS_HELP)  # text only: what each flag becomes
     return p
 
 

@@ -4,54 +4,84 @@ A reward is a plain function `(response, label) -> float`, as in miles' `rm_hub`
 registry `REWARDS` maps each `--rm-type` to one, and `--custom-rm-path module:function`
 (or `path/to/file.py:function`) loads a user's own.
 
-The `math` reward reads the response's final answer (whichever comes last of a `#### <number>`
-line and a `\\boxed{...}`: a model that guesses `#### 26` early, or copies the prompt's
-`#### 42` example, and ends with the right `\\boxed{}` is right) and gives 1.0 when it
-equals the label. Most answers are plain
-numbers, so an exact path decides them in microseconds with `fractions.Fraction` (commas,
-`$`, `%`, `42.0`, `3/4`, `\\frac{3}{4}`). Only what that path cannot read (`x = 5`,
-`\\sqrt{16}`, `42 \\text{ apples}`) goes to math-verify. math-verify's own timeouts use
-SIGALRM, which works only on the main thread, and the trainer may score in a thread pool:
-so we switch them off, run math-verify in a daemon thread under our own timeout, and keep
-inputs that could make sympy hang (towers of powers, factorials, huge or deeply nested
-answers: nine nested calls in 55 characters ran for over 100 s in a thread and slowed the
-trainer ~5x) from ever reaching it. An answer we cannot judge scores 0.0, never an exception.
+The `math` reward reads the response's final answer and gives 1.0 when it equals the label.
+Which text is the final answer, rule by rule (each rule comes from answers seen scored wrong):
+
+1. The last marker wins, a `#### <answer>` line or a balanced `\\boxed{...}`, whichever comes
+   later: a model that guesses `#### 26` early, or copies the prompt's `#### 42` example, and
+   ends with the right `\\boxed{}` is right; `#### 623` early and `#### 440` last is 440.
+2. A `####` line may lead in with words that say it is the answer: `#### The final answer
+   is: 440`, `#### **Answer:** 440`, `#### Final Answer` with the number on the next line,
+   `#### x = 5`.
+3. A `####` line that is a heading is not an answer: one with no digit (`\\(#### \\)` quoted
+   from the instructions), `#### Step 2`, a numbered heading (`#### 2. Compute`, `#### 3)
+   Check`, `#### 4 - Verify`), a section number and a title with more text after it
+   (`\\boxed{42}`, then `#### 3 Verification` and a check: 42), and `##### 3` (a deeper
+   heading).
+4. A marker inside code (a fenced block, an inline `span`) is not the answer: `\\boxed{7}`,
+   then a block that runs `print('#### 5')`, is 7. Only when no marker stands outside code
+   does one inside count (a model that puts its `#### 42` in a block).
+5. A unit or words after the number leave the number: `#### 60 km/h`,
+   `\\boxed{42\\text{ cm}^2}`, `#### 42 apples`, `$5/day`, `42^\\circ`. Text with another
+   digit after the number (`5 x 3`, `60 or 70`) is not one number.
+
+Most answers are plain numbers, so an exact path decides them in microseconds with
+`fractions.Fraction` (commas, `$`, `%`, `42.0`, `3/4`, `\\frac{3}{4}`, units). Only what that
+path cannot read (`\\sqrt{16}`, `16 + 8`) goes to math-verify, in a worker process under our
+own timeout (labkit.verifier: a check that runs too long is killed, for real, and the next
+one gets a fresh worker). A pre-check keeps inputs that could make sympy hang (towers of
+powers, factorials, huge or deeply nested answers, polynomials to expand: nine nested calls
+in 55 characters ran for over 100 s, `(a+b+c+d+e+f+g+h)^{99}` for minutes) from reaching it
+at all. An answer we cannot judge scores 0.0, never an exception.
 """
 
 from __future__ import annotations
 
+import bisect
 import concurrent.futures
 import importlib
 import importlib.util
-import logging
 import math
 import re
-import threading
 import warnings
 from fractions import Fraction
 from pathlib import Path
 from typing import Callable, Optional
 
+from labkit import verifier
+
 RewardFn = Callable[[str, str], float]
 
 MAX_ANSWER_CHARS = 200  # a longer "final answer" is not a number a GSM8K problem asks for
 MATH_VERIFY_TIMEOUT_S = 2.0  # per fallback call; typical calls take 1-20 ms
-MAX_STUCK_WORKERS = 4  # timed-out math-verify threads still running; past this, no fallback
 MAX_NESTING = 4  # brackets deeper than this never reach sympy
 
 # ------------------------------------------------------------------ final answer
-# `####`, an optional `x =`, then an answer-like start, so a markdown heading such as
-# "#### Step 2" is not one.
-_HASH_RE = re.compile(r"####[ \t]*(?:[A-Za-z][A-Za-z_]*[ \t]*=[ \t]*)?([-+\u2212$\\.*(\d][^\n]*)")
-_HEADING_RE = re.compile(r"\d+\.\s+[A-Za-z]")  # "#### 2. Compute the total": a numbered heading
+# `####` (not part of a deeper `#####` heading), then an optional lead-in ("The final answer
+# is:", "**Answer:**" with the number on the same or the next line, or `x =`), then an
+# answer-like start, so a markdown heading such as "#### Step 2" is not one.
+_HASH_RE = re.compile(
+    r"(?<!#)####(?!#)[ \t]*"
+    r"(?:\**[ \t]*(?:the[ \t]+)?(?:final[ \t]+)?answer(?:[ \t]+is)?[ \t]*:?[ \t]*\**[ \t]*:?[ \t]*\n?[ \t]*"
+    r"|[A-Za-z][A-Za-z_]*[ \t]*=[ \t]*)?"
+    r"([-+\u2212$\\.*(\d`][^\n]*)", re.IGNORECASE)
+# a heading: "#### 2. Compute the total", "#### 3) Check", "#### 4 - Verify", and (when more
+# text follows it) "#### 3 Verification", a section number then a title
+_HEADING_RE = re.compile(r"\d+(?:[.):]|[ \t]+[-\u2013\u2014])[ \t]+[A-Za-z]")
+_TITLE_RE = re.compile(r"\d{1,2}[ \t]+[A-Z][A-Za-z]*(?:[ \t]+[A-Za-z]+)*[ \t]*:?")
 _BOXED_OR_BRACE_RE = re.compile(r"\\boxed\s*\{|\{|\}")
+# code: a fenced block (``` or ~~~, to its closing fence or the end) or an inline `span`
+# (an info string holds no ` or ~, which also keeps a line of 100k backticks linear)
+_CODE_RE = re.compile(r"^[ \t]*(`{3,}|~{3,})[^`~\n]*\n.*?(?:^[ \t]*\1[`~]*[ \t]*$|\Z)|`[^`\n]+`",
+                      re.MULTILINE | re.DOTALL)
+_TEXT_RE = re.compile(r"\S")
 
 
 def extract_final_answer(text: str) -> Optional[str]:
     """The final answer of a response: of the last `#### <answer>` line and the last balanced
     `\\boxed{...}`, the one that comes later; None when there is neither. A `####` line that
-    is a numbered heading, or holds no digit (`\\(#### \\)` quoted from the instructions),
-    is not an answer."""
+    is a heading, or holds no digit (`\\(#### \\)` quoted from the instructions), is not an
+    answer; a marker inside code counts only when there is none outside code."""
     found = final_answer_and_form(text)
     return None if found is None else found[1]
 
@@ -60,15 +90,31 @@ def final_answer_and_form(text: str) -> Optional[tuple[str, str]]:
     """(form, answer) of the final answer: form "####" or "boxed" (see extract_final_answer)."""
     if not isinstance(text, str):
         return None
+    code = [m.span() for m in _CODE_RE.finditer(text)]
+    found = _final_answer_outside(text, code)
+    return found if found is not None or not code else _final_answer_outside(text, [])
+
+
+def _final_answer_outside(text: str, code: list[tuple[int, int]]) -> Optional[tuple[str, str]]:
+    """(form, answer) of the last marker that does not start inside one of the `code` spans."""
+    starts = [s for s, _ in code]
     hashed = None
     for m in _HASH_RE.finditer(text):
         answer = m.group(1).strip()
-        if any(c.isdigit() for c in answer) and not _HEADING_RE.match(answer):
+        if (any(c.isdigit() for c in answer) and not _HEADING_RE.match(answer)
+                and not (_TITLE_RE.fullmatch(answer) and _TEXT_RE.search(text, m.end()))
+                and not _inside(m.start(), code, starts)):
             hashed = (m.start(), answer)
-    boxed = _last_boxed_span(text)
+    boxed = _last_boxed_span(text, code, starts)
     if boxed is not None and (hashed is None or boxed[0] > hashed[0]):
         return "boxed", text[boxed[1]:boxed[2]].strip()
     return None if hashed is None else ("####", hashed[1])
+
+
+def _inside(position: int, spans: list[tuple[int, int]], starts: list[int]) -> bool:
+    """True when `position` falls in one of the sorted, disjoint `spans` (starts: their starts)."""
+    i = bisect.bisect_right(starts, position) - 1
+    return i >= 0 and position < spans[i][1]
 
 
 def _last_boxed(text: str) -> Optional[str]:
@@ -77,11 +123,15 @@ def _last_boxed(text: str) -> Optional[str]:
     return None if span is None else text[span[1]:span[2]].strip()
 
 
-def _last_boxed_span(text: str) -> Optional[tuple[int, int, int]]:
-    """(where `\\boxed` starts, content start, content end) of the last balanced one."""
+def _last_boxed_span(text: str, code: list[tuple[int, int]] = (),
+                     starts: list[int] = ()) -> Optional[tuple[int, int, int]]:
+    """(where `\\boxed` starts, content start, content end) of the last balanced one; braces
+    inside the `code` spans are not read."""
     stack: list[Optional[tuple[int, int]]] = []  # per open brace: (start, content) of a \boxed
     best: Optional[tuple[int, int, int]] = None
     for m in _BOXED_OR_BRACE_RE.finditer(text):
+        if code and _inside(m.start(), code, starts):
+            continue
         token = m.group()
         if token == "}":
             if not stack:
@@ -101,7 +151,11 @@ _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
 _NUMBER_RE = re.compile(rf"({_NUM})")
 _RATIO_RE = re.compile(r"([-+]?\d+)/(\d+)")
 _FRAC_RE = re.compile(r"([-+]?)\\frac\{([-+]?\d+(?:\.\d+)?)\}\{([-+]?\d+(?:\.\d+)?)\}")
-_NUMBER_THEN_WORDS_RE = re.compile(rf"({_NUM})\s+[A-Za-z][A-Za-z .'-]*")
+# a unit or words after the number: "42 apples", "60 km/h", "60km/h", "$5/day", "42 cm^2",
+# "42°F"; no digit may follow (so "5 x 3" and "60 or 70" are not read as a number)
+_UNIT = r"[A-Za-z\u00b0][A-Za-z\u00b0.'/ -]*(?:\^\s*\{?\s*[23]\s*\}?[A-Za-z\u00b0.'/ -]*)?"
+_NUMBER_THEN_WORDS_RE = re.compile(rf"({_NUM})(?:\s+|\s*/\s*|(?=\u00b0|[A-Za-z]{{2}})){_UNIT}")
+_DEGREES_RE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?")
 
 
 def normalize_answer(text: str) -> str:
@@ -115,6 +169,7 @@ def normalize_answer(text: str) -> str:
     while s.startswith("\\boxed{") and s.endswith("}") and _last_boxed(s) == s[7:-1].strip():
         s = s[7:-1].strip()
     s = _LATEX_TEXT_RE.sub(r" \1 ", s)
+    s = _DEGREES_RE.sub("\u00b0", s).replace("\\ ", " ").replace("~", " ")
     for junk in ("\\$", "$", "\\%", "%", "\\!", "\\,", "\\;", "\\left", "\\right"):
         s = s.replace(junk, "")
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
@@ -143,17 +198,9 @@ def parse_number(text: str) -> Optional[Fraction]:
 
 # ------------------------------------------------------------------ math-verify fallback
 _UNSAFE_RE = re.compile(r"!|\\(?:sum|prod|int|lim|binom|choose|infty)|\*\*|\d{16}")
-_TIMEOUT_NOTE = "Timeout is disabled"
-
-
-class _DropTimeoutNote(logging.Filter):
-    """math-verify warns that its timeout is off; ours is on, so the note only confuses."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(_TIMEOUT_NOTE)
-
-
-_stuck: list[threading.Thread] = []
+# a bracket closed, then a power or another bracket: (a+b)^{99}, (a+b)(c+d), (a+b)\cdot(c+d)
+_GROUP_POWER_OR_PRODUCT_RE = re.compile(r"[)\]}]\s*(?:\^|(?:\\cdot|\\times|\*)?\s*[(\[])")
+_LATEX_COMMAND_RE = re.compile(r"\\[A-Za-z]+")
 _warned: set[str] = set()
 
 
@@ -166,7 +213,8 @@ def _warn_once(key: str, message: str) -> None:
 def is_safe_for_sympy(text: str) -> bool:
     """False for answers that could make sympy run for seconds or forever: long text, deep
     brackets (more than MAX_NESTING), factorials, sums, more than one power or a power with
-    big numbers."""
+    big numbers, and polynomials to expand (a bracket that holds a letter, raised to a power
+    or multiplied by another bracket: `(a+b+c+d+e+f+g+h)^{9}` ran for minutes)."""
     if len(text) > MAX_ANSWER_CHARS or _UNSAFE_RE.search(text):
         return False
     depth = deepest = 0
@@ -175,64 +223,17 @@ def is_safe_for_sympy(text: str) -> bool:
         deepest = max(deepest, depth)
     if deepest > MAX_NESTING or text.count("^") > 1:
         return False
+    if (_GROUP_POWER_OR_PRODUCT_RE.search(text)
+            and re.search(r"[A-Za-z]", _LATEX_COMMAND_RE.sub("", text))):
+        return False
     return "^" not in text or max(map(len, re.findall(r"\d+", text)), default=0) <= 2
 
 
-_warm_lock = threading.Lock()
-_warm = False
-
-
-def _warm_up() -> None:
-    """Import math-verify and run it once, untimed (~1 s), so no timeout counts the import."""
-    global _warm
-    with _warm_lock:
-        if _warm:
-            return
-        for name in ("math_verify.parser", "math_verify.grader"):
-            logging.getLogger(name).addFilter(_DropTimeoutNote())
-        _verify("\\frac{1}{2}", "0.5")
-        _warm = True
-
-
-def _verify(answer: str, label: str) -> bool:
-    from math_verify import parse, verify
-
-    gold = parse(f"${label}$", parsing_timeout=None)
-    pred = parse(f"${answer}$", parsing_timeout=None)
-    return bool(gold and pred and verify(gold, pred, timeout_seconds=None))
-
-
-def verify_with_timeout(answer: str, label: str, timeout_s: float = MATH_VERIFY_TIMEOUT_S) -> bool:
+def verify_with_timeout(answer: str, label: str, timeout_s: Optional[float] = None) -> bool:
     """math-verify's judgement of `answer` against `label`, from any thread; False when it
-    fails, exceeds `timeout_s`, or too many earlier calls are still stuck."""
-    try:
-        _warm_up()
-    except Exception as e:  # noqa: BLE001 - without math-verify only the exact path scores
-        _warn_once("warm", f"math-verify failed to start ({type(e).__name__}: {e}); answers "
-                           f"that are not plain numbers score 0.0")
-        return False
-    _stuck[:] = [t for t in _stuck if t.is_alive()]
-    if len(_stuck) >= MAX_STUCK_WORKERS:
-        _warn_once("stuck", f"{len(_stuck)} math-verify calls are still running after their "
-                            f"timeout; scoring answers that need math-verify as 0.0")
-        return False
-    future: concurrent.futures.Future = concurrent.futures.Future()
-
-    def work() -> None:
-        try:
-            future.set_result(_verify(answer, label))
-        except BaseException as e:  # noqa: BLE001 - reported to the waiting caller
-            future.set_exception(e)
-
-    worker = threading.Thread(target=work, daemon=True, name="labkit-math-verify")
-    worker.start()
-    try:
-        return future.result(timeout=timeout_s)
-    except concurrent.futures.TimeoutError:
-        _stuck.append(worker)
-        return False
-    except Exception:  # noqa: BLE001 - an answer math-verify cannot judge is wrong
-        return False
+    fails or exceeds `timeout_s` (default MATH_VERIFY_TIMEOUT_S; its worker process is then
+    killed and replaced: labkit.verifier)."""
+    return verifier.verify(answer, label, MATH_VERIFY_TIMEOUT_S if timeout_s is None else timeout_s)
 
 
 # ------------------------------------------------------------------ the math reward

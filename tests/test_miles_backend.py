@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -92,6 +93,7 @@ def _write_script(tmp_path: Path, cfg: RunConfig = RunConfig()) -> Path:
     run_dir = tmp_path / "run"
     run_dir.mkdir(exist_ok=True)
     (run_dir / miles_backend.PROMPTS).write_text("")
+    (run_dir / miles_backend.EVAL_PROMPTS).write_text("")  # the recipe evaluates held-out problems
     script = run_dir / miles_backend.SCRIPT
     script.write_text(miles_backend.render_script(cfg, explicit=set()))
     return script
@@ -259,17 +261,122 @@ def test_custom_reward_path_travels_to_the_hook(tmp_path, monkeypatch):
     rm = tmp_path / "my_rm.py"
     rm.write_text("def half(response, label):\n    return 0.5\n")
     script = miles_backend.render_script(RunConfig(custom_rm_path=f"{rm}:half"), explicit={"custom_rm_path"})
-    assert f': "${{LABKIT_CUSTOM_RM_PATH:={rm}:half}}"' in script
+    assert ': "${LABKIT_CUSTOM_RM_PATH:=$HERE/my_rm.py:half}"' in script  # the run folder's copy
+    module = miles_backend.render_script(RunConfig(custom_rm_path="pkg.rm:f"), explicit={"custom_rm_path"})
+    assert ': "${LABKIT_CUSTOM_RM_PATH:=pkg.rm:f}"' in module
     monkeypatch.setenv("LABKIT_CUSTOM_RM_PATH", f"{rm}:half")
     one = SimpleNamespace(response="#### 1", label="2")
     assert asyncio.run(miles_backend.miles_reward(SimpleNamespace(rm_type="math"), one)) == 0.5
+
+
+def _my_reward(folder: Path) -> Path:
+    folder.mkdir(exist_ok=True)
+    path = folder / "myreward.py"
+    path.write_text("def fn(response, label):\n    return 0.25\n")
+    return path
+
+
+def test_a_relative_custom_reward_file_scores_inside_the_job(tmp_path, monkeypatch, capsys):
+    """`--custom-rm-path myreward.py:fn`, relative to where labkit ran: the job runs in the
+    miles checkout, so the script scores with the run folder's copy, by its absolute path."""
+    env = _stand_in(tmp_path)
+    mine = _my_reward(tmp_path / "mine")
+    monkeypatch.chdir(mine.parent)
+    cfg = RunConfig(data="synthetic", num_rollout=2, eval_split_size=0, custom_rm_path="myreward.py:fn")
+    out = tmp_path / "run"
+    assert miles_backend.launch(cfg, explicit={"data", "custom_rm_path"}, dry_run=False,
+                                out_dir=str(out)) == 0
+    assert (out / "myreward.py").read_text() == mine.read_text()
+    info = json.loads((out / miles_backend.PROVENANCE).read_text())
+    assert info["config"]["custom_rm_path"] == f"{mine}:fn"  # made absolute
+    done = _run_script(out / miles_backend.SCRIPT, env, tmp_path / "elsewhere")
+    assert done.returncode == 0, done.stderr
+    (ran,) = _train_runs(env)
+    assert ran["reward"] == 0.25
+    # the run folder alone travels (to a cluster): the original file is not needed
+    mine.unlink()
+    done = _run_script(out / miles_backend.SCRIPT, env, tmp_path / "elsewhere")
+    assert done.returncode == 0, done.stderr
+    assert [r["reward"] for r in _train_runs(env)] == [0.25, 0.25]
+
+
+def test_a_relative_reward_file_set_at_run_time_is_made_absolute(tmp_path):
+    env = _stand_in(tmp_path)
+    _my_reward(tmp_path / "elsewhere")
+    script = _write_script(tmp_path)
+    done = _run_script(script, {**env, "LABKIT_CUSTOM_RM_PATH": "myreward.py:fn"}, tmp_path / "elsewhere")
+    assert done.returncode == 0, done.stderr
+    assert [r["reward"] for r in _train_runs(env)] == [0.25]
+    missing = _run_script(script, {**env, "LABKIT_CUSTOM_RM_PATH": "nothere.py:fn"}, tmp_path / "elsewhere")
+    assert missing.returncode == 1
+    assert "no reward file at nothere.py" in missing.stderr
+    assert [c["argv"][:2] for c in _ray_calls(env)] == ONE_RUN  # checked before Ray
+
+
+def test_a_missing_custom_reward_file_is_refused_before_the_script(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    cfg = RunConfig(custom_rm_path="nothere.py:fn")
+    assert miles_backend.launch(cfg, explicit={"custom_rm_path"}, dry_run=True, out_dir="run") == 2
+    printed = capsys.readouterr()
+    assert printed.err.count("\n") == 1 and "--custom-rm-path 'nothere.py:fn': no file" in printed.err
+    assert printed.out == ""  # no script
+
+
+# ------------------------------------------------------------------ flags miles cannot take as they are
+def test_overlap_rollout_runs_train_async_on_two_gpus(tmp_path, capsys):
+    """--overlap-rollout is miles' train_async.py, which asserts nothing is colocated."""
+    env = _stand_in(tmp_path)
+    cfg = RunConfig(overlap_rollout=True)
+    script = _write_script(tmp_path, cfg)
+    text = script.read_text()
+    assert "--overlap-rollout: miles' train_async.py" in text and "on 2 GPU(s)" in text
+    done = _run_script(script, env, tmp_path / "elsewhere")
+    assert done.returncode == 0, done.stderr
+    (ran,) = _train_runs(env)
+    assert ran["argv"][0] == f"{env['MILES_DIR']}/train_async.py"
+    flags = miles_command.parse_train_args(ran["argv"])
+    assert "--colocate" not in flags and "--offload-rollout" not in flags
+    assert flags["--use-rollout-logprobs"] is True and flags["--no-offload-rollout"] is True
+    assert flags["--actor-num-gpus-per-node"] == flags["--rollout-num-gpus"] == "1"
+    assert flags["--num-gpus-per-node"] == "2"
+    (start,) = [c["argv"] for c in _ray_calls(env) if c["argv"][0] == "start"]
+    assert start[start.index("--num-gpus") + 1] == "2"
+    assert miles_backend.launch(cfg, explicit={"overlap_rollout"}, dry_run=True,
+                                out_dir=str(tmp_path / "x")) == 0
+    assert "--overlap-rollout: miles' train_async.py" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value", [("rollout_seed_each_answer", True),
+                                         ("rollout_logprob_prompts", 16)])
+def test_flags_with_no_miles_equivalent_are_said_to_be_ignored(flag, value, tmp_path, capsys):
+    cfg = RunConfig(**{flag: value})
+    name = "--" + flag.replace("_", "-")
+    assert miles_backend.launch(cfg, explicit={flag}, dry_run=True, out_dir=str(tmp_path / "r")) == 0
+    printed = capsys.readouterr()
+    assert f"labkit launch --backend miles: {name}: no miles equivalent, ignored" in printed.err
+    assert f"# {name}: no miles equivalent, ignored" in printed.out  # the script's header
+    assert name not in miles_command.build_command(cfg, explicit={flag})  # nothing passed
+    miles_backend.launch(RunConfig(), explicit=set(), dry_run=True, out_dir=str(tmp_path / "r"))
+    assert "ignored" not in capsys.readouterr().err  # left at labkit's default: nothing to say
+
+
+def test_the_held_out_evaluation_and_save_interval_0_are_said_in_the_script():
+    script = miles_backend.render_script(RunConfig(), explicit=set())
+    header = script.split("set -euo pipefail")[0]
+    assert "# --eval-split-size: 1319 held-out problems" in header
+    assert "after the last (--eval-interval = --num-rollout)" in header
+    assert "# --save-interval 0: labkit keeps a checkpoint only for --resume" in header
+    assert "keeps it" in header
+    assert "--eval-split-size" not in miles_backend.render_script(RunConfig(eval_split_size=0),
+                                                                  explicit=set())
 
 
 @pytest.mark.parametrize("cfg", [RunConfig(), RunConfig(eval_interval=2, kl_loss_coef=0.1),
                                  RunConfig(gradient_checkpointing=True, save_interval=3),
                                  RunConfig(save_interval=-1, rollout_sleep=False,
                                            use_dynamic_batch_size=False),
-                                 RunConfig(model="someone/Other-7B")])
+                                 RunConfig(model="someone/Other-7B"),
+                                 RunConfig(overlap_rollout=True, custom_rm_path="a.py:f")])
 def test_scripts_are_valid_bash(cfg, tmp_path):
     script = tmp_path / "s.sh"
     script.write_text(miles_backend.render_script(cfg, explicit=set(), gpus=2, run_name="a b"))
@@ -293,3 +400,15 @@ def test_main_writes_the_run_folder(tmp_path, capsys):
     info = json.loads((out / miles_backend.PROVENANCE).read_text())
     assert info["config"]["n_samples_per_prompt"] == 8 and "31f1ca961a94" in info["miles"]
     assert miles_backend.launch(cfg, explicit={"data"}, dry_run=False, out_dir=str(out)) == 2  # no overwrite
+
+
+def test_launch_help_says_what_miles_makes_of_each_flag(capsys):
+    from labkit.cli import main as labkit
+
+    assert labkit(["launch", "--help"]) == 0
+    text = " ".join(re.sub(r"-\n\s+", "-", capsys.readouterr().out).split())
+    assert "--overlap-rollout runs miles' train_async.py" in text
+    assert ("--rollout-seed-each-answer and --rollout-logprob-prompts have no miles equivalent "
+            "and are ignored") in text
+    assert "The held-out evaluation (--eval-split-size) becomes --eval-interval" in text
+    assert "--save-interval 0 (labkit: a checkpoint only for --resume" in text

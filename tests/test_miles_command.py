@@ -22,6 +22,9 @@ RECIPE_FLAGS = {
     "--advantage-estimator": "grpo", "--eps-clip": "0.2", "--eps-clip-high": "0.28",
     "--kl-loss-coef": "0.0", "--entropy-coef": "0.0", "--calculate-per-token-loss": True,
     "--rm-type": "math", "--custom-rm-path": "labkit.miles.miles_reward",
+    # the held-out evaluation: before the first rollout and after the last, greedy
+    "--eval-interval": "${MILES_NUM_ROLLOUT:-24}", "--eval-prompt-data": ["heldout", "$EVAL_DATA"],
+    "--n-samples-per-eval-prompt": "1", "--eval-max-response-len": "1024", "--eval-top-k": "1",
     "--save": "$SAVE_DIR", "--save-interval": "${MILES_NUM_ROLLOUT:-24}",
     "--actor-num-nodes": "1", "--actor-num-gpus-per-node": "1", "--num-gpus-per-node": "1",
     "--colocate": True, "--rollout-num-gpus-per-engine": "1",
@@ -34,7 +37,7 @@ RECIPE_FLAGS = {
 def flags_of(cfg: RunConfig, **kw) -> dict:
     kw = {"explicit": set(), "model_path": "ckpt", "data_path": "prompts.jsonl", **kw}
     argv = miles_command.build_command(cfg, **kw)
-    assert argv[:2] == ["python3", "train.py"]
+    assert argv[:2] == ["python3", "train_async.py" if cfg.overlap_rollout else "train.py"]
     return miles_command.parse_train_args(argv)
 
 
@@ -77,6 +80,27 @@ def test_dynamic_batch_size_maps_to_miles_with_its_token_cap():
     fixed = flags_of(RunConfig(use_dynamic_batch_size=False, max_tokens_per_gpu=4096))
     assert "--use-dynamic-batch-size" not in fixed and "--max-tokens-per-gpu" not in fixed
     assert fixed["--micro-batch-size"] == "8"
+
+
+def test_held_out_evaluation_follows_eval_split_size():
+    """labkit evaluates --eval-split-size problems before the first step and after the last
+    (and every --eval-interval K steps); 0 problems: no evaluation, whatever K is."""
+    assert flags_of(RunConfig())["--eval-interval"] == "${MILES_NUM_ROLLOUT:-24}"
+    assert flags_of(RunConfig(eval_interval=6))["--eval-interval"] == "6"
+    for none in (RunConfig(eval_split_size=0), RunConfig(eval_split_size=0, eval_interval=3)):
+        assert not any(f.startswith("--eval") for f in flags_of(none))
+    notes = {f: (t, lost) for f, t, lost in miles_command.flag_notes(RunConfig(eval_interval=5), set())}
+    assert notes["--eval-split-size"][1] is True and "not after the last" in notes["--eval-split-size"][0]
+    notes = {f: (t, lost) for f, t, lost in miles_command.flag_notes(RunConfig(eval_interval=6), set())}
+    assert notes["--eval-split-size"][1] is False  # 24 rollouts: the 24th is evaluated
+
+
+def test_overlap_rollout_is_train_async_without_colocation():
+    flags = flags_of(RunConfig(overlap_rollout=True), gpus=2)
+    assert "--colocate" not in flags and flags["--use-rollout-logprobs"] is True
+    assert flags["--actor-num-gpus-per-node"] == flags["--rollout-num-gpus"] == "2"
+    assert flags["--num-gpus-per-node"] == "4" and flags["--no-offload-rollout"] is True
+    assert miles_command.total_gpus(RunConfig(overlap_rollout=True), 2) == 4
 
 
 def test_save_interval_keeps_labkits_meaning():

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
+import os
+import subprocess
+import sys
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 
-from labkit import reward
+from labkit import reward, verifier
 from labkit.reward import (
     REWARDS, extract_final_answer, load_reward, math_reward, parse_number, score,
     verify_with_timeout,
@@ -19,8 +23,8 @@ from labkit.reward import (
 
 @pytest.fixture(scope="module", autouse=True)
 def warm_math_verify():
-    """Import math-verify and run it once, so timings below measure scoring, not imports."""
-    reward._warm_up()
+    """Start math-verify's worker, so timings below measure scoring, not imports."""
+    assert verifier.warm_up()
 
 
 # (response, label, expected reward)
@@ -74,6 +78,43 @@ CASES = [
     ("\\boxed{\\sqrt{1764}}", "42", 1.0),  # needs math-verify
     ("#### 2^{5}+10", "42", 1.0),  # needs math-verify
     ("#### 2^{5}+11", "42", 0.0),
+    # a marker inside code is not the answer (rule 4)
+    ("The answer is \\boxed{7}.\n```python\nprint('#### 5')\n```", "7", 1.0),
+    ("The answer is \\boxed{7}.\n```python\nprint('#### 5')\n```", "5", 0.0),
+    ("\\boxed{7}\n~~~\n#### 5\n~~~\nDone.", "7", 1.0),
+    ("\\boxed{7}; check it with `print('#### 5')`.", "7", 1.0),
+    ("#### 7\n```latex\n\\boxed{5}\n```", "7", 1.0),
+    ("\\boxed{7}\n```python\nprint('#### 5')", "7", 1.0),  # a block never closed
+    ("```\n#### 42\n```", "42", 1.0),  # no marker outside code: the one inside counts
+    ("#### `42`", "42", 1.0),
+    # a unit after the number (rule 5)
+    ("#### 60 km/h", "60", 1.0),
+    ("\\boxed{42\\text{ cm}^2}", "42", 1.0),
+    ("#### 60 km/h", "6", 0.0),
+    ("#### 60km/h", "60", 1.0),
+    ("#### $5/day", "5", 1.0),
+    ("#### 9.8 m/s^2", "9.8", 1.0),
+    ("\\boxed{42 \\mathrm{m}^{2}}", "42", 1.0),
+    ("\\boxed{60\\ \\text{km/h}}", "60", 1.0),
+    ("\\boxed{42^\\circ}", "42", 1.0),
+    ("\\boxed{42^{\\circ} \\text{F}}", "42", 1.0),
+    ("#### 5 x 3", "5", 0.0),  # another number after it: not "5 and a unit"
+    ("#### 60 or 70", "60", 0.0),
+    # a heading after the answer is not one (rule 3)
+    ("So \\boxed{42}.\n#### 3 Verification\nCheck: 40 + 2 = 42.", "42", 1.0),
+    ("So \\boxed{42}.\n#### 3 Verification\nCheck: 40 + 2 = 42.", "3", 0.0),
+    ("\\boxed{42}\n##### 3 Check\n40 + 2 = 42", "42", 1.0),
+    ("\\boxed{42}\n#### 3) Verification\n40 + 2 = 42", "42", 1.0),
+    ("\\boxed{42}\n#### 4 - Verify\n40 + 2 = 42", "42", 1.0),
+    ("3 boxes of 14 apples.\n#### 42 Apples", "42", 1.0),  # the last line: an answer
+    # words that lead in to the answer (rule 2)
+    ("#### 623\nLet me recheck.\n#### The final answer is: 440", "440", 1.0),
+    ("#### 623\nLet me recheck.\n#### The final answer is: 440", "623", 0.0),
+    ("#### Final Answer: 440", "440", 1.0),
+    ("#### **Answer:** 440", "440", 1.0),
+    ("#### The answer is $440.", "440", 1.0),
+    ("#### Final Answer\n440", "440", 1.0),
+    ("#### Final Answer\nThe total is 440.", "440", 0.0),  # the next line is not an answer
 ]
 
 
@@ -93,6 +134,11 @@ def test_math_reward_table(response, label, expected):
     ("Format: \\(#### \\)", None),
     ("nothing here", None),
     ("\\boxed{1", None),
+    ("\\boxed{7}\n```\nprint('#### 5')\n```", "7"),
+    ("```\nx = {1: 2}\n```\n\\boxed{7}", "7"),  # braces in code do not unbalance the box
+    ("#### 5\n#### 2 Check\nmore", "5"),
+    ("#### 5\n#### 2 Check", "2 Check"),  # nothing after it: an answer with a word
+    ("#### The final answer is: 440", "440"),
 ])
 def test_extract_final_answer(text, answer):
     assert extract_final_answer(text) == answer
@@ -125,6 +171,12 @@ ADVERSARIAL = {
     "many markers": "#### " * 20_000,
     "many boxes": "\\boxed{1}" * 20_000,
     "unbalanced in #### line": "#### \\frac{{{{{{{{{{{{1}{2",
+    "a line of backticks": "`" * 100_000,
+    "many code fences": "```\n" * 20_000,
+    "a code block never closed": "```python\n" + "x = 1\n" * 20_000,
+    "many titled headings": "#### 3 Verification\n" * 20_000,
+    "many lead-ins": "#### The final answer is: " * 10_000,
+    "a long unit": "#### 5 " + "km/h " * 40_000,
 }
 
 
@@ -135,14 +187,36 @@ def test_adversarial_answers_score_zero_fast(name):
     assert time.perf_counter() - start < 0.5
 
 
-def test_deeply_nested_calls_never_reach_sympy_and_leave_no_thread():
+def test_deeply_nested_calls_never_reach_sympy():
     nested = "exp(" * 9 + "10" + ")" * 9  # nine nested calls: sympy ran >100 s on such a one
     assert not reward.is_safe_for_sympy(nested)
-    before = {t for t in threading.enumerate() if t.name == "labkit-math-verify"}
+    restarts = verifier.restarts
     start = time.perf_counter()
     assert math_reward(f"#### {nested}", "5") == 0.0
     assert time.perf_counter() - start < 0.1
-    assert {t for t in threading.enumerate() if t.name == "labkit-math-verify"} == before
+    assert verifier.restarts == restarts  # the worker never saw it
+
+
+POLYNOMIALS = ["(a+b+c+d+e+f+g+h)^{99}", "(a+b+c+d+e+f+g+h)^{9}", "(x+1)^{50}",
+               "(a+b+c+d)(e+f+g+h)(i+j+k+l)(m+n+o+p)", "(a+b)\\cdot(c+d)", "\\left(a+b\\right)^2"]
+
+
+@pytest.mark.parametrize("answer", POLYNOMIALS)
+def test_polynomials_to_expand_never_reach_sympy(answer):
+    """Expanding (a+...+h)^99 ran for minutes; a power or product of brackets that hold a
+    letter is refused before math-verify sees it."""
+    assert not reward.is_safe_for_sympy(reward.normalize_answer(answer))
+    restarts = verifier.restarts
+    start = time.perf_counter()
+    assert math_reward(f"\\boxed{{{answer}}}", "24") == 0.0
+    assert time.perf_counter() - start < 0.5
+    assert verifier.restarts == restarts
+
+
+@pytest.mark.parametrize("answer", ["2^{5}+10", "(2+3)^{2}", "x = 5", "\\sqrt{16}", "16 + 8",
+                                    "3(4+5)", "\\frac{1}{2}(3+4)", "2x^{2}"])
+def test_numeric_powers_and_products_still_reach_math_verify(answer):
+    assert reward.is_safe_for_sympy(answer)
 
 
 def test_non_strings_score_zero():
@@ -162,23 +236,72 @@ def test_reward_works_off_the_main_thread():
         assert list(pool.map(lambda ry: math_reward(*ry), cases)) == expected
 
 
-def test_our_timeout_stops_a_hanging_verifier(monkeypatch):
-    release = threading.Event()
-    monkeypatch.setattr(reward, "_verify", lambda a, b: release.wait(30))
-    monkeypatch.setattr(reward, "_stuck", [])
-    monkeypatch.setattr(reward, "_warned", set())
-    try:
+HOSTILE = "(a+b+c+d+e+f+g+h)^{99}"  # sympy expands it for minutes
+
+
+def _threads() -> set:
+    return set(threading.enumerate())
+
+
+def test_a_check_past_its_timeout_is_killed_and_the_fallback_stays_on(monkeypatch):
+    """With the pre-check off, each hostile answer runs past its timeout: its worker is
+    killed (the process is gone, no thread is left behind) and the next check gets a new
+    one, however many came before; `16 + 8` still scores 1 after them."""
+    monkeypatch.setattr(reward, "is_safe_for_sympy", lambda text: True)
+    assert math_reward("\\boxed{16 + 8}", "24") == 1.0
+    threads = _threads()
+    for _ in range(6):  # more than the 4 stuck threads that used to switch math-verify off
+        pid = verifier.worker_pid()
         start = time.perf_counter()
-        assert verify_with_timeout("x", "y", timeout_s=0.2) is False
-        assert 0.15 < time.perf_counter() - start < 1.0
-        for _ in range(reward.MAX_STUCK_WORKERS - 1):
-            verify_with_timeout("x", "y", timeout_s=0.05)
-        start = time.perf_counter()  # too many stuck workers: refuse at once, say so
-        with pytest.warns(RuntimeWarning, match="still running after their timeout"):
-            assert verify_with_timeout("x", "y", timeout_s=5.0) is False
-        assert time.perf_counter() - start < 0.1
-    finally:
-        release.set()
+        assert reward.verify_with_timeout(HOSTILE, "24", timeout_s=0.3) is False
+        assert time.perf_counter() - start < 30  # the timeout, plus a new worker's start
+        with pytest.raises(ProcessLookupError):  # killed and reaped, not left running
+            os.kill(pid, 0)
+        assert verifier.worker_pid() != pid
+        assert _threads() == threads
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing switched off, nothing to warn about
+        assert math_reward("\\boxed{16 + 8}", "24") == 1.0
+        assert math_reward(f"\\boxed{{{HOSTILE}}}", "24") == 0.0  # at the full timeout
+        assert math_reward("\\boxed{16 + 8}", "24") == 1.0
+    assert _threads() == threads
+
+
+def test_hostile_and_plain_checks_from_a_thread_pool(monkeypatch):
+    """Threads share the one worker: a check killed for its time costs no other check its
+    answer."""
+    monkeypatch.setattr(reward, "is_safe_for_sympy", lambda text: True)
+    jobs = [(HOSTILE, 0.3), ("16 + 8", 60.0)] * 3
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda job: reward.verify_with_timeout(job[0], "24", timeout_s=job[1]),
+                            jobs))
+    assert got == [False, True] * 3
+
+
+def test_the_worker_leaves_when_its_parent_dies(tmp_path):
+    """A trainer killed with SIGKILL leaves no math-verify worker behind."""
+    code = ("import os, sys; from labkit import verifier; verifier.warm_up(); "
+            "print(verifier.worker_pid(), flush=True); sys.stdin.readline(); os._exit(1)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    pid = int(parent.stdout.readline())
+    os.kill(pid, 0)  # running
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 60
+    while _alive(pid) and time.monotonic() < deadline:  # waits for the exit, not a set time
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie, exited but not yet reaped by init, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 # ------------------------------------------------------------------ registry

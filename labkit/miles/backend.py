@@ -17,6 +17,9 @@ labkit runs:
   labkit's prompt asks for `#### 42`. So the script also passes `--custom-rm-path
   labkit.miles.miles_reward` (`miles_reward` here), which scores with labkit's own reward
   (miles prefers a custom path over the rm type); labkit must be importable where miles runs.
+  A reward file of yours (`--custom-rm-path myreward.py:fn`) is checked, copied into the
+  run folder and named by its absolute path at run time: the job runs in the miles
+  checkout, where a relative path finds nothing.
 * Prompts. The prompt file holds labkit's messages and labels in labkit's prompt order
   (`data.rollout_problems`), and the script does not pass `--rollout-shuffle`, so miles'
   step k sees the prompts labkit's step k sees, whatever the batch size: miles' default data
@@ -31,13 +34,16 @@ import json
 import os
 import re
 import shlex
+import shutil
 import sys
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional
 
 from labkit.config import RECIPE_MODEL, RunConfig
 from labkit.miles.command import (INPUT_KEY, LABEL_KEY, MILES_CHECKED, MilesUnsupported,
-                                  build_command, default_differences, format_differences)
+                                  build_command, default_differences, entry_point, flag_notes,
+                                  format_differences, total_gpus)
 from labkit.miles.log import LOG, TRAIN_ARGS
 
 if TYPE_CHECKING:
@@ -81,7 +87,7 @@ _SCRIPT_TEMPLATE = """#!/usr/bin/env bash
 {n} answers, global batch {g}, {num_rollout} rollouts.
 # Written by `labkit launch --backend miles`; labkit/miles/command.py maps each RunConfig flag to miles'.
 # Checked against {miles_checked}.
-#
+{notes}#
 # Run it where miles runs (e.g. in the miles docker image), on {gpus} GPU(s), from any folder:
 #     bash {script}
 # The course's overrides work as with labkit (MILES_EXTRA_ARGS goes last and wins):
@@ -105,8 +111,14 @@ HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 : "${{SAVE_DIR:=$HERE/checkpoint}}"
 : "${{MILES_LOG:=$HERE/{log}}}"
 : "${{LABKIT_CUSTOM_RM_PATH:={custom_rm}}}"
+case "$LABKIT_CUSTOM_RM_PATH" in  # a reward file: made absolute, the job runs in the miles checkout
+   *.py:*|*/*:*)
+      RM_FILE="${{LABKIT_CUSTOM_RM_PATH%:*}}"
+      [ -f "$RM_FILE" ] || die "no reward file at $RM_FILE (LABKIT_CUSTOM_RM_PATH=$LABKIT_CUSTOM_RM_PATH); set LABKIT_CUSTOM_RM_PATH to file.py:function"
+      LABKIT_CUSTOM_RM_PATH="$(absolute "$RM_FILE"):${{LABKIT_CUSTOM_RM_PATH##*:}}" ;;
+esac
 export LABKIT_CUSTOM_RM_PATH
-[ -f "$MILES_DIR/train.py" ] || die "no miles checkout at $MILES_DIR (no train.py there); set MILES_DIR"
+[ -f "$MILES_DIR/{entry}" ] || die "no miles checkout at $MILES_DIR (no {entry} there); set MILES_DIR"
 [ -d "$HF_CHECKPOINT" ] || die "no model at $HF_CHECKPOINT; run: hf download {model} --local-dir $HF_CHECKPOINT (or set HF_CHECKPOINT)"
 [ -n "$MODEL_TYPE$MODEL_ARGS_SCRIPT" ] || die "no Megatron model flags for {model}; set MODEL_TYPE to its name in miles' scripts/models/ (or MODEL_ARGS_SCRIPT to a .sh that defines MODEL_ARGS)"
 [ -z "$MODEL_ARGS_SCRIPT" ] || [ -f "$MODEL_ARGS_SCRIPT" ] || die "no file at MODEL_ARGS_SCRIPT=$MODEL_ARGS_SCRIPT"
@@ -150,7 +162,7 @@ ALL_ARGS=("${{MODEL_ARGS[@]}}" "${{TRAIN_ARGS[@]}}" ${{WANDB_ARGS[@]+"${{WANDB_A
 printf '%s\\n' "${{ALL_ARGS[@]}}" > "$HERE/{train_args_file}"
 
 # Ray runs a job where `ray start` ran (no working_dir is sent), so Ray starts in the miles
-# checkout, and train.py goes by its absolute path for a cluster of yours (RAY_ADDRESS).
+# checkout, and {entry} goes by its absolute path for a cluster of yours (RAY_ADDRESS).
 # As miles' scripts do, stop a Ray left by an earlier run first (`ray start --head` fails
 # while one runs); unlike them, stop this one on exit. Their `pkill -9 python` is left
 # out: it would kill every Python process of yours (other jobs, notebooks), not just Ray's.
@@ -166,7 +178,7 @@ fi
 JOB_PYTHONPATH="$MILES_DIR:$MEGATRON_PATH${{PYTHONPATH:+:$PYTHONPATH}}"
 ray job submit --address="$RAY_ADDRESS" \\
    --runtime-env-json='{runtime_env}' \\
-   -- python3 "$MILES_DIR/train.py" "${{ALL_ARGS[@]}}" 2>&1 | tee "$MILES_LOG"
+   -- python3 "$MILES_DIR/{entry}" "${{ALL_ARGS[@]}}" 2>&1 | tee "$MILES_LOG"
 """
 
 
@@ -184,19 +196,46 @@ def render_script(
     """
     argv = build_command(cfg, explicit=explicit, model_path=model_path, data_path=data_path,
                          eval_data_path=eval_data_path, gpus=gpus, save_dir=save_dir)
+    held_out = cfg.eval_split_size > 0
     eval_lines = (f': "${{EVAL_DATA:=$HERE/{EVAL_PROMPTS}}}"\n'
                   f'[ -f "$EVAL_DATA" ] || die "no held-out prompts at $EVAL_DATA"\n'
-                  if cfg.eval_interval > 0 else "")
+                  if held_out else "")
+    notes = "".join(textwrap.fill(f"{flag}: {text}", 95, initial_indent="# ",
+                                  subsequent_indent="#   ", break_on_hyphens=False) + "\n"
+                    for flag, text, _ in flag_notes(cfg, explicit, gpus))
     return _SCRIPT_TEMPLATE.format(
         p=cfg.rollout_batch_size, n=cfg.n_samples_per_prompt, g=cfg.global_batch_size,
-        num_rollout=cfg.num_rollout, gpus=gpus, model=cfg.model,
+        num_rollout=cfg.num_rollout, gpus=total_gpus(cfg, gpus), model=cfg.model,
         hf=model_path or f"$HOME/models/{Path(cfg.model).name}",
         model_type=MODEL_TYPES.get(cfg.model, ""), miles_checked=MILES_CHECKED,
-        eval_var="EVAL_DATA " if cfg.eval_interval > 0 else "",
-        custom_rm=re.sub(r'(["$`\\])', r"\\\1", cfg.custom_rm_path or ""),  # inside "..."
+        notes=("# What --backend miles does with flags it cannot take as they are:\n" + notes
+               if notes else ""), entry=entry_point(cfg),
+        eval_var="EVAL_DATA " if held_out else "", custom_rm=_script_custom_rm(cfg.custom_rm_path),
         eval_lines=eval_lines, train_args=_array_lines(argv[2:]), run_name=shlex.quote(run_name),
         runtime_env=_RUNTIME_ENV, script=SCRIPT, log=LOG, prompts=PROMPTS,
         train_args_file=TRAIN_ARGS)
+
+
+def custom_rm_file(custom_rm_path: Optional[str]) -> Optional[Path]:
+    """The file of a --custom-rm-path of the form path/to/file.py:function, made absolute
+    (from the folder labkit runs in); None for a module path or none."""
+    where, sep, _ = (custom_rm_path or "").rpartition(":")
+    if not sep or not (where.endswith(".py") or "/" in where or "\\" in where):
+        return None
+    return Path(where).expanduser().resolve()
+
+
+def _script_custom_rm(custom_rm_path: Optional[str]) -> str:
+    """LABKIT_CUSTOM_RM_PATH's default in the script, inside "...": a reward file is the copy
+    in the run folder (write_run_folder puts it there), found from $HERE wherever the folder
+    is run; a module path goes as it is."""
+    def quoted(text: str) -> str:
+        return re.sub(r'(["$`\\])', r"\\\1", text)
+
+    file = custom_rm_file(custom_rm_path)
+    if file is None:
+        return quoted(custom_rm_path or "")
+    return "$HERE/" + quoted(f"{file.name}:{custom_rm_path.rpartition(':')[2]}")
 
 
 # ------------------------------------------------------------------ the prompts
@@ -281,11 +320,19 @@ def launch(cfg: RunConfig, *, explicit: Iterable[str], dry_run: bool, out_dir: O
     default_run_dir). Returns the exit code: 2 for a refused flag, an existing script or
     data that cannot be loaded, with the reason on stderr."""
     run_dir = Path(out_dir) if out_dir else default_run_dir(cfg)
+    rm_file = custom_rm_file(cfg.custom_rm_path)
+    if rm_file is not None and not rm_file.is_file():
+        print(f"labkit launch --backend miles: --custom-rm-path {cfg.custom_rm_path!r}: no file "
+              f"{rm_file}; name a file.py:function that exists here", file=sys.stderr)
+        return 2
     try:
         script = render_script(cfg, explicit=explicit, gpus=gpus, run_name=run_dir.name)
     except MilesUnsupported as e:
         print(f"labkit launch --backend miles: {e}", file=sys.stderr)
         return 2
+    for flag, text, lost in flag_notes(cfg, explicit, gpus):
+        if lost:
+            print(f"labkit launch --backend miles: {flag}: {text}", file=sys.stderr)
     print(script)
     print("Flags where the recipe differs from a bare miles run (all are passed explicitly):")
     print(format_differences(default_differences(cfg)))
@@ -302,7 +349,8 @@ def launch(cfg: RunConfig, *, explicit: Iterable[str], dry_run: bool, out_dir: O
         print(f"labkit launch --backend miles: {e}", file=sys.stderr)
         return 2
     print(f"\nwrote {run_dir / SCRIPT}, {run_dir / PROMPTS}"
-          + (f", {run_dir / EVAL_PROMPTS}" if cfg.eval_interval > 0 else ""))
+          + (f", {run_dir / EVAL_PROMPTS}" if cfg.eval_split_size > 0 else "")
+          + (f", {run_dir / rm_file.name}" if rm_file is not None else ""))
     print(f"copy {run_dir} to the cluster, then run:  bash {run_dir / SCRIPT}\n"
           f"read it back:  labkit.miles.read_miles_log('{run_dir / LOG}')")
     return 0
@@ -310,16 +358,21 @@ def launch(cfg: RunConfig, *, explicit: Iterable[str], dry_run: bool, out_dir: O
 
 def write_run_folder(cfg: RunConfig, run_dir: Path, script: str, *, explicit: Iterable[str],
                      gpus: int = 1) -> Path:
-    """Write the script (executable), the prompts (and held-out prompts when eval is on) and
-    labkit_miles.json (config, command, miles commit) into run_dir; return run_dir."""
+    """Write the script (executable), the prompts (and held-out prompts when eval is on), a
+    copy of the --custom-rm-path file (if it names one) and labkit_miles.json (config, with
+    that path made absolute; command; miles commit) into run_dir; return run_dir."""
     from labkit import __version__
     from labkit.data import split_eval
 
     run_dir.mkdir(parents=True, exist_ok=True)
     write_prompt_data(ordered_problems(cfg), run_dir / PROMPTS, cfg.prompt_examples)
-    if cfg.eval_interval > 0:
+    if cfg.eval_split_size > 0:
         held_out = split_eval(cfg.data, cfg.eval_split_size, synthetic_steps=cfg.synthetic_steps)
         write_prompt_data(held_out, run_dir / EVAL_PROMPTS, cfg.prompt_examples)
+    rm_file = custom_rm_file(cfg.custom_rm_path)
+    if rm_file is not None:  # the script scores with this copy: the folder travels as a whole
+        shutil.copyfile(rm_file, run_dir / rm_file.name)
+        cfg = cfg.replace(custom_rm_path=f"{rm_file}:{cfg.custom_rm_path.rpartition(':')[2]}")
     info = {"labkit_version": __version__, "config": cfg.to_dict(), "explicit": sorted(explicit),
             "train_args": build_command(cfg, explicit=explicit, gpus=gpus)[2:],
             "miles": MILES_CHECKED}

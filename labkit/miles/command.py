@@ -20,7 +20,11 @@ Every value is passed explicitly (miles' defaults differ: `default_differences`)
 `MILES_NUM_ROLLOUT` sets `--num-rollout` at run time and `MILES_EXTRA_ARGS` goes last,
 where miles' argparse keeps the last value: the course's `-e` lines work unchanged. The
 reward is labkit's own, through `--custom-rm-path` (see labkit.miles.backend). Knobs miles
-has no equivalent for are refused by name (`refuse_unsupported`), never dropped silently.
+has no equivalent for are refused by name (`refuse_unsupported`), or, the two that change no
+number the recipe trains with, left out and said (`IGNORED`); never dropped silently.
+`flag_notes` says what becomes of each flag miles takes in another form (--overlap-rollout:
+train_async.py, the held-out evaluation: --eval-interval, --save-interval 0: a kept
+checkpoint); the script's header lists them and `labkit launch --help` sums them up.
 """
 
 from __future__ import annotations
@@ -51,6 +55,15 @@ UNSUPPORTED = {
     "request_timeout": "only for --rollout-mode http, which --backend miles refuses; drop it",
     "long_prompts": "miles drops prompts longer than its --rollout-max-prompt-len; set that in "
                     "MILES_EXTRA_ARGS",
+}
+# RunConfig fields with no miles equivalent that change no number the recipe trains with:
+# accepted, left out of the command, and said in the script's header and on stderr.
+IGNORED = {
+    "rollout_seed_each_answer": "miles seeds single answers only under "
+                                "--sglang-enable-deterministic-inference, and then answer i of "
+                                "every group gets --rollout-seed + i at every step",
+    "rollout_logprob_prompts": "miles' SGLang returns the log-probs of every answer, and its "
+                               "train/train_rollout_logprob_abs_diff covers them all",
 }
 # Refused by value (set or not): a fixed KV cache size has no miles flag. SGLang sizes its
 # cache as a share of GPU memory (--sglang-mem-fraction-static, which labkit's
@@ -145,7 +158,7 @@ def build_command(
         raise ValueError(f"gpus must be >= 1, got {gpus}")
     hf = model_path or "$HF_CHECKPOINT"
     num_rollout = f"${{MILES_NUM_ROLLOUT:-{cfg.num_rollout}}}"
-    a = ["python3", "train.py"]
+    a = ["python3", entry_point(cfg)]
     # weights: Megatron reads the HF checkpoint through the bridge; --ref-load is its start
     a += ["--hf-checkpoint", hf, "--ref-load", hf, "--megatron-to-hf-mode", "bridge"]
     # prompts: labkit's messages and labels, already in labkit's order (no --rollout-shuffle)
@@ -163,8 +176,11 @@ def build_command(
     a += _training_flags(cfg) + _algorithm_flags(cfg)
     # reward: miles prefers --custom-rm-path, which scores with labkit's reward for --rm-type
     a += ["--rm-type", cfg.rm_type, "--custom-rm-path", REWARD_HOOK]
-    if cfg.eval_interval > 0:  # greedy (top-k 1), one answer per held-out problem
-        a += ["--eval-interval", str(cfg.eval_interval),
+    # held-out evaluation, greedy (top-k 1), one answer per problem. miles evaluates before
+    # the first rollout and after every K-th; K = --num-rollout is labkit's "before the first
+    # step and after the last"
+    if cfg.eval_split_size > 0:
+        a += ["--eval-interval", str(cfg.eval_interval) if cfg.eval_interval > 0 else num_rollout,
               "--eval-prompt-data", EVAL_NAME, eval_data_path or "$EVAL_DATA",
               "--n-samples-per-eval-prompt", "1",
               "--eval-max-response-len", str(cfg.rollout_max_response_len), "--eval-top-k", "1"]
@@ -174,15 +190,40 @@ def build_command(
     if cfg.save_interval >= 0:
         save_every = str(cfg.save_interval) if cfg.save_interval > 0 else num_rollout
         a += ["--save", save_dir or "$SAVE_DIR", "--save-interval", save_every]
-    # one node; trainer and SGLang share the GPUs (colocated), as in labkit. labkit's engine
-    # sleep (KV cache and weights released while the trainer runs) is miles' rollout offload
-    a += ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", str(gpus),
-          "--num-gpus-per-node", str(gpus), "--colocate", "--rollout-num-gpus-per-engine", "1",
-          "--sglang-mem-fraction-static", _num(cfg.rollout_gpu_memory_fraction),
-          "--offload-rollout" if cfg.rollout_sleep else "--no-offload-rollout"]
+    a += _layout_flags(cfg, gpus)
     # Megatron: no dropout (trainer log-probs must match the engine's), fp32 reductions
     a += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0",
           "--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32"]
+    return a
+
+
+def entry_point(cfg: RunConfig) -> str:
+    """miles' script for `cfg`: train_async.py for --overlap-rollout, else train.py."""
+    return "train_async.py" if cfg.overlap_rollout else "train.py"
+
+
+def total_gpus(cfg: RunConfig, gpus: int) -> int:
+    """GPUs the run takes: `gpus`, or twice that with --overlap-rollout (see _layout_flags)."""
+    return 2 * gpus if cfg.overlap_rollout else gpus
+
+
+def _layout_flags(cfg: RunConfig, gpus: int) -> list[str]:
+    """Where the trainer and SGLang run. One node; colocated (sharing the GPUs) as in labkit,
+    where labkit's engine sleep (KV cache and weights released while the trainer runs) is
+    miles' rollout offload. --overlap-rollout is miles' train_async.py, which asserts that
+    nothing is colocated: the trainer takes `gpus` GPUs and SGLang as many more, and the PPO
+    ratio is taken against the engine's own log-probs (--use-rollout-logprobs), as labkit's
+    overlap takes it. Nothing is offloaded there (train_async.py never loads it back)."""
+    a = ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", str(gpus),
+         "--num-gpus-per-node", str(total_gpus(cfg, gpus))]
+    if cfg.overlap_rollout:
+        a += ["--rollout-num-gpus", str(gpus), "--rollout-num-gpus-per-engine", "1",
+              "--sglang-mem-fraction-static", _num(cfg.rollout_gpu_memory_fraction),
+              "--no-offload-rollout", "--use-rollout-logprobs"]
+    else:
+        a += ["--colocate", "--rollout-num-gpus-per-engine", "1",
+              "--sglang-mem-fraction-static", _num(cfg.rollout_gpu_memory_fraction),
+              "--offload-rollout" if cfg.rollout_sleep else "--no-offload-rollout"]
     return a
 
 
@@ -218,6 +259,58 @@ def _algorithm_flags(cfg: RunConfig) -> list[str]:
     if cfg.loss_agg_mode == "token-mean":  # miles' default averages per answer (seq-mean)
         a.append("--calculate-per-token-loss")
     return a
+
+
+# ------------------------------------------------------------------ what becomes of each flag
+# For `labkit launch --help` and the README: what --backend miles does with the flags whose
+# meaning it cannot keep as it is (the rest map one to one, or are refused: UNSUPPORTED).
+MILES_FLAGS_HELP = (
+    "--backend miles maps the recipe's flags to miles' train.py and refuses those it cannot "
+    "honour. What becomes of the rest: --overlap-rollout runs miles' train_async.py, which "
+    "cannot colocate, so the trainer gets its GPUs and SGLang as many more, with the PPO ratio "
+    "against the engine's log-probs (--use-rollout-logprobs). --rollout-seed-each-answer and "
+    "--rollout-logprob-prompts have no miles equivalent and are ignored (said in the script and "
+    "on stderr). The held-out evaluation (--eval-split-size) becomes --eval-interval with the "
+    "held-out prompts: before the first rollout and after the last (--eval-interval K: after "
+    "every K rollouts, and after the last only when --num-rollout is a multiple of K or with "
+    "--overlap-rollout). --save-interval 0 (labkit: a checkpoint only for --resume, removed "
+    "when the run completes) becomes one checkpoint after the last rollout, kept; -1 saves "
+    "nothing.")
+
+
+def flag_notes(cfg: RunConfig, explicit: Iterable[str], gpus: int = 1) -> list[tuple[str, str, bool]]:
+    """(flag, what miles does with it, whether labkit's meaning is lost) for each flag of
+    `cfg` that miles ignores or does not take one to one; the script's header lists them,
+    and `launch` prints those marked lost on stderr."""
+    explicit = set(explicit)
+    notes = []
+    if cfg.overlap_rollout:
+        notes.append(("--overlap-rollout",
+                      f"miles' train_async.py: rollout k+1 is written while rollout k trains, the "
+                      f"PPO ratio against the engine's log-probs (--use-rollout-logprobs). It "
+                      f"cannot colocate: the trainer gets {gpus} GPU{'s' if gpus > 1 else ''} and "
+                      f"SGLang {gpus} more, {total_gpus(cfg, gpus)} in all", True))
+    default = RunConfig()
+    for name, why in IGNORED.items():
+        if name in explicit and getattr(cfg, name) != getattr(default, name):
+            notes.append((_flag(name), f"no miles equivalent, ignored: {why}", True))
+    if cfg.eval_split_size > 0:
+        k = cfg.eval_interval
+        every = (f"after every {k} rollouts" if k > 0 else
+                 "after the last (--eval-interval = --num-rollout)")
+        lost = k > 0 and cfg.num_rollout % k != 0 and not cfg.overlap_rollout
+        notes.append(("--eval-split-size",
+                      f"{cfg.eval_split_size} held-out problems, greedy, as miles' evaluation "
+                      f"(--eval-prompt-data {EVAL_NAME}): before the first rollout and {every}"
+                      + (f"; not after the last, where labkit evaluates too ({cfg.num_rollout} "
+                         f"rollouts is not a multiple of {k})" if lost else ""), lost))
+    if cfg.save_interval == 0:
+        notes.append(("--save-interval 0",
+                      "labkit keeps a checkpoint only for --resume and removes it when the run "
+                      "completes; miles has no such checkpoint, so the script saves once, after "
+                      "the last rollout, and keeps it ($SAVE_DIR; --save-interval -1: none)",
+                      False))
+    return notes
 
 
 def parse_train_args(argv: Iterable[str]) -> dict[str, object]:
