@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Sequence
 
 from labkit.config import (ConfigError, RunConfig, add_config_flags, build_parser as build_run_parser,
-                           config_from_flags, resolve_args)
+                           config_from_flags, resolve_args, values_may_start_with_a_dash)
 from labkit.errors import LabkitError, debug_enabled, one_line
 
 
@@ -318,7 +318,7 @@ def _resume(run_dir: str, rest: list[str]) -> int:
     cfg = saved_config(run_dir)
     if rest:
         _, explicit = resolve_args(rest, env={})
-        given = build_run_parser().parse_args(rest)
+        given = build_run_parser().parse_args(values_may_start_with_a_dash(rest))
         cfg = cfg.replace(**{k: getattr(given, k) for k in explicit})
     return _ended(train(cfg.check(), resume=run_dir))
 
