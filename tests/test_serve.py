@@ -123,6 +123,7 @@ def run_serve(tmp_path, *extra, background=False) -> tuple[subprocess.Popen, dic
         seen.append(line)
         if line.startswith("labkit serve: router"):
             return proc, json.loads(state_file.read_text())
+    proc.kill()  # its engines get SIGTERM when it dies (PR_SET_PDEATHSIG)
     raise AssertionError("labkit serve ended before it served:\n" + "".join(seen))
 
 
