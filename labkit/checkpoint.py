@@ -91,14 +91,18 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, *, keep: int = 1
         "torch_rng": torch.get_rng_state(),
     }
     try:
-        torch.save(state, tmp)
-        with open(tmp, "rb") as f:
+        # Our own file, closed whatever happens: torch.save(state, path) keeps its file open
+        # while its exception lives, so after a full disk the removed temporary file still
+        # held the space, and the status written next found the disk full.
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, Exception):
-            raise CheckpointWriteFailed(_write_failure(folder, step, e)) from e
+            raise CheckpointWriteFailed(_write_failure(folder, step, e, _bytes(state))) from e
         raise
     write_json_atomic(folder / LATEST, {"step": step, "file": path.name, "why": why})
     for old in _step_files(folder)[:-keep]:
@@ -107,17 +111,33 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, *, keep: int = 1
     return path
 
 
-def _write_failure(folder: Path, step: int, e: Exception) -> str:
-    """A failed checkpoint write in words: torch reports a full disk as inline_container.cc."""
-    full = (isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
-            or "file write failed" in str(e) or "No space left" in str(e))
+def _bytes(state) -> int:
+    """The bytes of the tensors in a (nested) checkpoint state: about the file's size."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(_bytes(v) for v in state)
+    return 0
+
+
+def _write_failure(folder: Path, step: int, e: Exception, need: int = 0) -> str:
+    """A failed checkpoint write in words. torch says a full disk in its own words
+    ("file write failed", "unexpected pos"), so a disk with less room than the checkpoint
+    needs counts as full too."""
     try:
-        free = f"{shutil.disk_usage(folder).free / 2**20:,.0f} MB free"
+        free_bytes = shutil.disk_usage(folder).free
+        free = f"{free_bytes / 2**20:,.0f} MB free"
     except OSError:
-        free = "free space unknown"
+        free_bytes, free = None, "free space unknown"
+    full = (isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
+            or "file write failed" in str(e) or "No space left" in str(e)
+            or (free_bytes is not None and free_bytes < need))
     if full:
         return (f"could not write the checkpoint of step {step} to {folder}: the disk is full "
-                f"({free}); free some space, or pass --save-interval -1 for no checkpoints")
+                f"({free}, the checkpoint needs {need / 2**20:,.0f} MB); free some space, or "
+                f"pass --save-interval -1 for no checkpoints")
     return (f"could not write the checkpoint of step {step} to {folder} "
             f"({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}; {free})")
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Sequence
 
 from labkit.config import (ConfigError, RunConfig, add_config_flags, build_parser as build_run_parser,
-                           config_from_flags, resolve_args)
+                           config_from_flags, resolve_args, values_may_start_with_a_dash)
 from labkit.errors import LabkitError, debug_enabled, one_line
 
 
@@ -215,6 +215,14 @@ def _guarded(name: str, command, args, debug: bool = False) -> int:
         signum = getattr(e, "signum", signal.SIGINT)
         print(f"labkit {name}: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
         return 128 + int(signum)
+    except (OSError, OverflowError) as e:  # a path that cannot be written, a number too large
+        if debug or getattr(e, "labkit_run_dir", None):
+            raise
+        what = (f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.filename
+                else one_line(e))
+        print(f"labkit {name}: {what} (check the paths and numbers given; --debug shows the "
+              f"traceback)", file=sys.stderr)
+        return 2
     except Exception as e:
         if debug:
             raise
@@ -250,6 +258,7 @@ def launch(argv: list[str]) -> int:
             return 2
         return miles.launch(cfg.check(), explicit=explicit, dry_run=own.dry_run, out_dir=None)
     cfg, explicit = resolve_args(rest)
+    _say_ignored(cfg, explicit)
     if own.dry_run:
         print(_describe(cfg))
         return 0
@@ -312,7 +321,7 @@ def _resume(run_dir: str, rest: list[str]) -> int:
     cfg = saved_config(run_dir)
     if rest:
         _, explicit = resolve_args(rest, env={})
-        given = build_run_parser().parse_args(rest)
+        given = build_run_parser().parse_args(values_may_start_with_a_dash(rest))
         cfg = cfg.replace(**{k: getattr(given, k) for k in explicit})
     return _ended(train(cfg.check(), resume=run_dir))
 
@@ -340,6 +349,20 @@ def _say_reward(run) -> None:
         return
     print(f"reward {start:.3f} -> {end:.3f} (mean of the first and of the last {k} of "
           f"{len(run.metrics)} steps); plot: {written[0]}")
+
+
+def _say_ignored(cfg: RunConfig, explicit: set[str]) -> None:
+    """One line on stderr for vLLM-only flags the run's engine will not read."""
+    from labkit.engines import ignored_engine_flags
+
+    flags = ignored_engine_flags(cfg, explicit)
+    if flags:
+        one = len(flags) == 1
+        engine = ("the engines behind --router-url" if cfg.rollout_mode == "http"
+                  else "the hf engine this run uses")
+        print(f"labkit launch: warning: {', '.join(flags)} only change{'s' if one else ''} vLLM "
+              f"in the trainer's process; {engine} ignore{'' if cfg.rollout_mode == 'http' else 's'} "
+              f"{'it' if one else 'them'}", file=sys.stderr)
 
 
 def _say_batch(cfg: RunConfig) -> None:
@@ -371,12 +394,10 @@ def compare(a: argparse.Namespace) -> int:
             table = analysis.compare(runs, reference=_reference(a), mixed=a.mixed, by=a.by,
                                      early=a.early, late=a.late)
         except analysis.AnalysisError as e:
-            for w in caught:
-                print(f"warning: {w.message}", file=sys.stderr)
+            _say_warnings(caught)
             print(f"labkit compare: {e}", file=sys.stderr)
             return 2
-    for w in caught:
-        print(f"warning: {w.message}", file=sys.stderr)
+    _say_warnings(caught)
     common = table.attrs["common_clean_steps"]
     print(analysis.render_table(table))
     print()
@@ -386,9 +407,20 @@ def compare(a: argparse.Namespace) -> int:
     print(f"\nCommon clean steps ({len(common)}): {analysis.steps_text(common) or 'none'}")
     for note in table.attrs["notes"]:
         print(f"- {note}")
-    written = analysis.plot_all(runs, Path(a.out), early=a.early, late=a.late)
+    try:
+        written = analysis.plot_all(runs, Path(a.out), early=a.early, late=a.late)
+    except OSError as e:
+        print(f"labkit compare: --out {a.out}: cannot write the plots there ({e.strerror or e}); "
+              f"choose a folder you can write to", file=sys.stderr)
+        return 2
     print(f"\nwrote {len(written)} files to {a.out}: {', '.join(p.name for p in written)}")
     return 0
+
+
+def _say_warnings(caught) -> None:
+    """Each warning once (the table reads a run's files for more than one column)."""
+    for message in dict.fromkeys(str(w.message) for w in caught):
+        print(f"warning: {message}", file=sys.stderr)
 
 
 def replay(a: argparse.Namespace) -> int:
@@ -403,7 +435,12 @@ def replay(a: argparse.Namespace) -> int:
         print(f"labkit replay: {e}", file=sys.stderr)
         return 2
     print(result.report())
-    timeline(result, Path(a.out))
+    try:
+        timeline(result, Path(a.out))
+    except OSError as e:
+        print(f"labkit replay: --out {a.out}: cannot write the timeline there "
+              f"({e.strerror or e}); choose a folder you can write to", file=sys.stderr)
+        return 2
     print(f"\ntimeline: {Path(a.out) / (Path(a.log).stem + '-timeline')}.png and .svg")
     return 0
 
@@ -413,6 +450,9 @@ def serve(a: argparse.Namespace) -> int:
     from labkit.serving.cluster import ServeConfig, serve as run_cluster
 
     values = {k: v for k, v in vars(a).items() if k not in ("command", "duration", "debug")}
+    if a.duration is not None and not a.duration > 0:
+        raise ConfigError(f"--duration {a.duration:g}: seconds to serve must be > 0 "
+                          f"(leave it out to serve until Ctrl-C)")
     return run_cluster(config_from_flags(ServeConfig, values), a.duration)
 
 
@@ -433,8 +473,10 @@ def students(a: argparse.Namespace) -> int:
             for line in problems:
                 print(line)
             if problems:
+                edited = any(": edited since labkit wrote it" in line for line in problems)
                 print(f"the students' copies are out of date; run: labkit students {src}"
-                      + (f" --out {a.out}" if a.out else ""), file=sys.stderr)
+                      + (f" --out {a.out}" if a.out else "")
+                      + (" (with --force for the edited ones)" if edited else ""), file=sys.stderr)
                 return 1
             print(f"students' copies up to date ({len(student_texts(src))} notebooks)")
             return 0
@@ -443,6 +485,10 @@ def students(a: argparse.Namespace) -> int:
             print(f"wrote {path}")
     except (ValueError, json.JSONDecodeError) as e:
         print(f"labkit students: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"labkit students: cannot write {e.filename or a.out} ({e.strerror or e}); pass "
+              f"--out a folder you can write to", file=sys.stderr)
         return 2
     if kept:
         one = len(kept) == 1

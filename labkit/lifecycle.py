@@ -5,8 +5,10 @@ loads, `--resume` checks there is a checkpoint to continue from (or that no step
 logged) and refuses otherwise, naming what is missing; the steps logged after the
 checkpoint are set aside. Between steps the save policy (labkit.checkpoint.SavePolicy)
 decides when to checkpoint. At the end, whatever ended the run (the last step, a time
-limit, a signal, an error), the final checkpoint and `status.json` are written, with the
-signal handlers still up so a second signal cannot cut the status short.
+limit, a signal, an error), `status.json` is written, then the final checkpoint (a
+checkpoint that fills the disk must not cost the status), with the signal handlers still
+up so a second signal cannot cut the status short. A step whose weight sync to the engines
+failed after its update stands: it is logged and checkpointed, not blamed on the optimizer.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from labkit.checkpoint import (
 from labkit.config import RunConfig
 from labkit.engines import keep
 from labkit.errors import LabkitError, one_line
+from labkit.metrics import STEP
 from labkit.runlog import RunLog, RunLogError
 from labkit.session import Session, setup
 from labkit.stopping import SecondSignal, StopController
@@ -56,6 +59,7 @@ def check_resumable(log: RunLog, cfg: RunConfig, logged_next: int):
         why = ("it was started with --save-interval -1 (no checkpoints)" if cfg.save_interval < 0
                else "it completed, and a completed run keeps none unless --save-interval K"
                if status.get("reason") == "completed"
+               else _stopped_without_checkpoint(status) if status.get("reason")
                else "it ended without stopping cleanly (SIGKILL, out of memory, power loss) "
                     "before it wrote one")
         raise RunLogError(
@@ -63,6 +67,15 @@ def check_resumable(log: RunLog, cfg: RunConfig, logged_next: int):
             f"(steps 0-{logged_next - 1} are logged; {why}), so resuming would redo them; "
             f"start a new run, with --save-interval K to keep a checkpoint every K steps")
     return found
+
+
+def _stopped_without_checkpoint(status: dict) -> str:
+    """Why a run that stopped cleanly (its status.json says how) left no checkpoint."""
+    how = {"signal": f"on {status.get('signal') or 'a signal'}", "time_limit": "at its --time-limit",
+           "interrupted": "on an interrupt", "error": "on an error"}.get(status["reason"],
+                                                                        f"({status['reason']})")
+    said = f": {status['message']}" if status.get("message") else ""
+    return f"it stopped {how} and wrote none then (status.json{said})"
 
 
 def restore(s: Session, found) -> int:
@@ -111,21 +124,38 @@ def failure_status(e: BaseException, stopper: StopController) -> tuple[str, str]
     return "error", f"{e.__class__.__name__}: {one_line(e)}"
 
 
-def finish_run(s: Session, reason: str, last: int, message: str, bar, saves: SavePolicy,
-            error: BaseException | None = None) -> None:
-    """Checkpoint what a resume needs, say why the run stopped (status.json), close the engine.
+def log_unsynced_step(s: Session, e: BaseException, last: int, message: str) -> tuple[int, str]:
+    """(last logged step, status message) for a run that `e` ended. A step whose update
+    finished and whose weight sync to the engines failed (labkit.trainer.run_step puts its
+    metrics on `e`) stands: it is logged here, so the stop checkpoints after it and a resume
+    goes on with the next step, sending these weights to the engines first."""
+    trained = getattr(e, "labkit_trained_step", None)
+    if trained is None:
+        return last, message
+    step = int(trained[STEP])
+    message = f"the weight sync to the engines after step {step} failed: {message}"
+    try:
+        s.log.append_step({**trained, **s.startup})
+    except OSError:  # the policy stays ahead of the log, and is not saved
+        return last, message
+    s.phase = "logged"
+    return step, f"{message}; step {step} trained and is logged"
 
-    After a failure in the middle of the optimizer steps the policy is ahead of the log, so
-    no checkpoint is written then: the previous one (if any) stays the one to resume from. A
-    second signal may cut the checkpoint short; the status is written whatever happens.
+
+def finish_run(s: Session, reason: str, last: int, message: str, bar, saves: SavePolicy,
+               error: BaseException | None = None) -> None:
+    """Say why the run stopped (status.json), checkpoint what a resume needs, close the engine.
+
+    The status is written first, before the checkpoint, and again after it only when the
+    checkpoint adds to it: a checkpoint that fills the disk must not leave the run with no
+    status. After a failure in the middle of the optimizer steps the policy is ahead of the
+    log, so no checkpoint is written then: the previous one (if any) stays the one to resume
+    from. A second signal may cut the checkpoint short; the status is written whatever happens.
     """
     try:
         if bar is not None:
             bar.close()
         s.log.append_heat(p.to_dict() for p in s.guard.take_new_pauses())
-        note = final_checkpoint(s, reason, last, saves)
-        if s.stopper is not None:
-            s.stopper.finishing()  # from here a signal is noted, never raised
         extra = {}
         if reason == "signal" and s.stopper is not None:
             extra["signal"] = s.stopper.signal_name
@@ -134,10 +164,15 @@ def finish_run(s: Session, reason: str, last: int, message: str, bar, saves: Sav
                                                                     error.__traceback__))
             error.labkit_run_dir = s.log.dir  # the command line names the status file
         try:
-            s.log.write_status(reason, last, message + note, **extra)
-        except OSError as e:
-            print(f"labkit: could not write {s.log.dir / 'status.json'} ({e.strerror or e})",
-                  flush=True)
+            written = _write_status(s, reason, last, message, extra, say=False)
+            note = final_checkpoint(s, reason, last, saves, error)
+        except KeyboardInterrupt:  # a second signal while the first status was written
+            written, note = False, (f"; a second signal came before the checkpoint of step "
+                                    f"{last}: {resume_note(s.log.dir)}")
+        if s.stopper is not None:
+            s.stopper.finishing()  # from here a signal is noted, never raised
+        if note or not written:
+            _write_status(s, reason, last, message + note, extra, say=True)
         if s.owns_engine:
             s.engine.close()
         elif error is not None and keep.is_kept(s.engine):
@@ -149,12 +184,30 @@ def finish_run(s: Session, reason: str, last: int, message: str, bar, saves: Sav
         s.log.release()  # the next trainer may take the folder
 
 
-def final_checkpoint(s: Session, reason: str, last: int, saves: SavePolicy) -> str:
+def _write_status(s: Session, reason: str, last: int, message: str, extra: dict, *,
+                  say: bool) -> bool:
+    """Write status.json; on a failure say so when `say` (the last try). True when written."""
+    try:
+        s.log.write_status(reason, last, message, **extra)
+        return True
+    except OSError as e:
+        if say:
+            print(f"labkit: could not write {s.log.dir / 'status.json'} ({e.strerror or e})",
+                  flush=True)
+        return False
+
+
+def final_checkpoint(s: Session, reason: str, last: int, saves: SavePolicy,
+                     error: BaseException | None = None) -> str:
     """Write the checkpoint a stop needs (labkit.checkpoint.SavePolicy), or remove the default
-    policy's when the run completed. Returns a note for the status ('' when all went well)."""
-    if s.phase == "train":
-        return ("; the failure came during the optimizer step, so the policy was not saved: "
+    policy's when the run completed. Returns a note for the status ('' when all went well).
+    A run that a failed checkpoint ended does not try again: the disk that was full still is."""
+    if s.phase in ("train", "sync"):  # the policy is ahead of the log
+        during = "the optimizer step" if s.phase == "train" else "the step that was not logged"
+        return (f"; the failure came during {during}, so the policy was not saved: "
                 + resume_note(s.log.dir))
+    if isinstance(error, CheckpointWriteFailed):
+        return f"; {resume_note(s.log.dir)}"
     why = saves.at_end(last, completed=reason == "completed")
     try:
         if why is not None:

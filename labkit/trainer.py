@@ -35,7 +35,8 @@ from labkit.engines.base import Completion, Engine, Sampling
 from labkit.evaluation import log_evaluation
 from labkit.grpo import compute_advantages
 from labkit.heat import HeatGuard, is_clean, pause_seconds_within
-from labkit.lifecycle import failure_status, finish_run, save_between_steps, start_run
+from labkit.lifecycle import (failure_status, finish_run, log_unsynced_step, save_between_steps,
+                              start_run)
 from labkit.metrics import STEP
 from labkit.reward import score
 from labkit.runlog import Run, open_run_folder
@@ -108,6 +109,7 @@ def train(cfg: RunConfig, *, resume: str | Path | None = None, engine: Engine | 
                         log_evaluation(s, trained_steps=step + 1, bar=bar)
             except BaseException as e:  # an engine that died, a second signal, a bug
                 reason, message = failure_status(e, stopper)
+                last, message = log_unsynced_step(s, e, last, message)
                 finish_run(s, reason, last, message, bar, saves, error=e)
                 raise
             finish_run(s, reason, last, message, bar, saves)
@@ -116,7 +118,7 @@ def train(cfg: RunConfig, *, resume: str | Path | None = None, engine: Engine | 
 
 def run_step(s: Session, step: int) -> dict:
     """One GRPO step: rollout, reward, advantages, update, weight sync. Returns its metrics."""
-    cfg, timers = s.cfg, {}
+    cfg, timers, started = s.cfg, {}, time.time()
     s.phase = "rollout"
     with timed(timers, "rollout"):  # with --overlap-rollout, written during the last update
         rollout = s.prefetched.pop(step, None) or generate_rollout(s, step)
@@ -134,19 +136,34 @@ def run_step(s: Session, step: int) -> dict:
             train_stats, batch = update_policy(s, rollout, adv.values, step)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # hand the optimizer's cached blocks back before vLLM wakes
-    with timed(timers, "update_weights"):  # new weights first, then the KV cache comes back
-        s.engine.update_weights(s.policy)
-        s.engine.wake()
     metrics = summarize_step(s, step, rollout, rewards, adv.zero_std, batch)
     metrics.update(train_stats)
-    metrics.update({f"perf/{k}_time": v for k, v in timers.items()})
+    log_samples(s, step, rollout, rewards)
+    # The step is trained: a failure from here is the engines' (`labkit serve` stopped, say),
+    # and the step stands. The loop logs it (the metrics ride on the exception) and checkpoints
+    # after it, so a resumed run sends these weights to the engines and goes on with the next.
+    s.phase = "sync"
+    try:
+        with timed(timers, "update_weights"):  # new weights first, then the KV cache comes back
+            s.engine.update_weights(s.policy)
+            s.engine.wake()
+    except BaseException as e:
+        e.labkit_trained_step = {**_step_metrics(s, metrics, timers, rollout),
+                                 "perf/step_time": time.time() - started,
+                                 "time/start": started, "time/end": time.time()}
+        raise
+    return _step_metrics(s, metrics, timers, rollout)
+
+
+def _step_metrics(s: Session, metrics: dict, timers: dict, rollout: Rollout) -> dict:
+    """The rest of a step's metrics: its phases' times, memory, the engine's own counts."""
+    metrics = {**metrics, **{f"perf/{k}_time": v for k, v in timers.items()}}
     metrics["perf/rollout_time"] = rollout.seconds
     metrics["perf/tokens_per_s"] = metrics["rollout/tokens"] / max(rollout.seconds, 1e-9)
     if torch.cuda.is_available():
         metrics["perf/max_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
         torch.cuda.reset_peak_memory_stats()
     metrics.update(s.engine.step_metrics())  # client/ for rollouts over HTTP
-    log_samples(s, step, rollout, rewards)
     return metrics
 
 

@@ -98,7 +98,16 @@ def test_debug_shows_the_traceback(tmp_path, tiny_model_dir, monkeypatch):
         main(["launch", *flags])
 
 
-def test_a_run_stopped_by_its_time_limit_exits_124(tmp_path, tiny_model_dir, capsys):
+def test_a_run_stopped_by_its_time_limit_exits_124(tmp_path, tiny_model_dir, monkeypatch):
+    import functools
+
+    import labkit.trainer as trainer
+
+    # The run's clock moves 1 s each time the loop reads it (before each step), however long
+    # loading and the steps take on a busy machine: a 2 s limit allows one step.
+    ticks = iter(range(10_000)).__next__
+    monkeypatch.setattr(trainer, "StopController", functools.partial(
+        trainer.StopController, clock=lambda: float(ticks())))
     out = tmp_path / "runs"
     flags = tiny_flags(tiny_model_dir, out)
     flags[flags.index("--num-rollout") + 1] = "1000"  # far more than 2 s allow
@@ -141,3 +150,49 @@ def test_a_launch_ends_with_the_reward_at_the_start_and_the_end_and_its_plot(tmp
     assert line.startswith(f"reward {rewards[0]:.3f} -> {rewards[-1]:.3f} (mean of the first and of "
                            f"the last 1 of 3 steps); plot: ")
     assert (out / "tiny" / "reward.png").stat().st_size > 0
+
+
+def test_vllm_only_flags_on_the_hf_engine_are_said_to_be_ignored(capsys):
+    from labkit.cli import main
+
+    assert main(["launch", "--preset", "cpu", "--dry-run", "--rollout-kv-cache-gb", "8",
+                 "--no-rollout-sleep"]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err == ("labkit launch: warning: --rollout-kv-cache-gb, --no-rollout-sleep only change "
+                   "vLLM in the trainer's process; the hf engine this run uses ignores them")
+    assert main(["launch", "--preset", "cpu", "--dry-run"]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["launch", "--dry-run", "--engine", "vllm", "--rollout-kv-cache-gb", "8"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_path_that_cannot_be_written_is_one_line_naming_the_flag(tmp_path, capsys, course_dir):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    out = blocked / "out"
+    assert main(["compare", str(course_dir), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"labkit compare: --out {out}: cannot write the plots there (Not a directory)")
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    (notebooks / "01.ipynb").write_text('{"cells": [], "metadata": {}, "nbformat": 4, '
+                                        '"nbformat_minor": 5}')
+    assert main(["students", str(notebooks), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("labkit students: cannot write ") and "--out a folder you can write to" in err
+
+
+@pytest.mark.parametrize("error, said", [
+    (OSError(28, "No space left on device", "/data/x.png"), "No space left on device: /data/x.png"),
+    (OverflowError("Python int too large to convert to C long"), "Python int too large"),
+])
+def test_an_os_or_overflow_error_is_one_line_not_an_unexpected_error(capsys, error, said):
+    from labkit.cli import _guarded
+
+    def command(_):
+        raise error
+
+    assert _guarded("compare", command, None) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"labkit compare: {said}") and "did not expect" not in err
+    assert "\n" not in err

@@ -143,6 +143,8 @@ def test_every_float_flag_refuses_nan_and_infinity(field, bad):
     (["--kl-loss-coef=-1"], "--kl-loss-coef must be >= 0"),
     (["--request-timeout", "0"], "--request-timeout must be > 0 seconds"),
     (["--save-interval=-2"], "--save-interval must be a whole number >= -1"),
+    (["--seed", "99999999999999999999"], "--seed must be a whole number from 0 to 4294967295"),
+    (["--seed", "-1"], "--seed must be a whole number from 0 to 4294967295, got -1"),
 ])
 def test_numbers_out_of_range_name_the_flag(flags, message):
     with pytest.raises(ConfigError, match=message):
@@ -182,3 +184,84 @@ def test_a_custom_reward_file_that_is_not_there_is_refused_before_loading(tmp_pa
         config_from_args(["--custom-rm-path", f"{tmp_path}/nope.py:score"], env={})
     with pytest.raises(ConfigError, match="use package.module:function"):
         config_from_args(["--custom-rm-path", "no_colon"], env={})
+
+
+# ------------------------------------------------------------------ hostile values, said in one line
+def test_synthetic_steps_above_the_bound_are_refused_before_any_problem_is_written():
+    from labkit.config import MAX_SYNTHETIC_STEPS
+    from labkit.data import synthetic_problems
+
+    with pytest.raises(ConfigError, match=rf"--synthetic-steps must be a whole number from 0 .* "
+                                          rf"to {MAX_SYNTHETIC_STEPS} .*got 1000000"):
+        config_from_args(["--synthetic-steps", "1000000"], env={})
+    assert config_from_args(["--synthetic-steps", str(MAX_SYNTHETIC_STEPS)], env={})
+    with pytest.raises(ValueError, match="steps from 0 to"):
+        synthetic_problems(1, MAX_SYNTHETIC_STEPS + 1, seed=0)
+    longest = max(len(p.question) for p in synthetic_problems(50, MAX_SYNTHETIC_STEPS, seed=0))
+    assert longest < 2000  # what the bound buys: a question of a few hundred tokens at most
+
+
+def test_a_second_preset_is_refused_not_silently_put_in_place_of_the_first():
+    with pytest.raises(ConfigError, match=r"--preset given twice \(cpu, recipe\): .* keep one"):
+        config_from_args(["--preset", "cpu", "--preset", "recipe"], env={})
+    with pytest.raises(ConfigError, match=r"\(cpu, recipe\) \(the last from MILES_EXTRA_ARGS\)"):
+        config_from_args(["--preset", "cpu"], env={"MILES_EXTRA_ARGS": "--preset recipe"})
+    assert config_from_args(["--preset", "cpu", "--preset", "cpu"], env={}).model == "smollm2"
+    assert config_from_args([], env={"MILES_EXTRA_ARGS": "--preset cpu"}).model == "smollm2"
+
+
+def test_an_upper_clip_below_the_lower_one_is_refused():
+    with pytest.raises(ConfigError, match=r"--eps-clip-high 0.1 is below --eps-clip 0.2.*"
+                                          r"use --eps-clip-high 0.2 or more"):
+        config_from_args(["--eps-clip-high", "0.1"], env={})
+    assert config_from_args(["--eps-clip", "0.2", "--eps-clip-high", "0.2"], env={})
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"MILES_NUM_ROLLOUT": "abc"}, r"MILES_NUM_ROLLOUT='abc': the number of rollouts "
+                                   r"\(--num-rollout\) is a whole number >= 1"),
+    ({"MILES_NUM_ROLLOUT": "0"}, r"MILES_NUM_ROLLOUT='0': "),
+    ({"MILES_EXTRA_ARGS": "--num-rollout abc"}, r"MILES_EXTRA_ARGS='--num-rollout abc': argument "
+                                                r"--num-rollout: invalid int value: 'abc'"),
+    ({"MILES_EXTRA_ARGS": "--n-samples 4"}, r"MILES_EXTRA_ARGS='--n-samples 4': unknown flag --n-samples"),
+    ({"MILES_EXTRA_ARGS": "--lr nan"}, r"--lr must be a finite number, got nan \(--lr comes from "
+                                      r"MILES_EXTRA_ARGS='--lr nan'\)"),
+])
+def test_a_bad_value_from_miles_environment_variables_names_the_variable(env, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from_args([], env=env)
+
+
+@pytest.mark.parametrize("value", ["-5m", "-5", "-1h30m"])
+def test_a_negative_time_limit_is_refused_as_negative_not_as_missing(value):
+    with pytest.raises(ConfigError, match=rf"--time-limit '{value}' must be positive"):
+        config_from_args(["--time-limit", value], env={})
+    with pytest.raises(ConfigError, match=rf"--time-limit '{value}' must be positive"):
+        config_from_args([], env={"MILES_EXTRA_ARGS": f"--time-limit {value}"})
+
+
+def test_a_value_starting_with_a_dash_is_read_as_the_value():
+    cfg = config_from_args(["--run-name", "-x", "--lr", "-1e-3", "--lr", "2e-5"], env={})
+    assert cfg.run_name == "-x" and cfg.lr == 2e-5
+    with pytest.raises(ConfigError, match="--seed: invalid int value: '-1e3'"):
+        config_from_args(["--seed", "-1e3"], env={})
+    with pytest.raises(ConfigError, match="--run-name: expected one argument"):
+        config_from_args(["--run-name", "--lr", "1"], env={})  # a flag is still a flag
+
+
+def test_a_rollout_too_large_to_build_is_refused_before_anything_loads():
+    from labkit.config import MAX_SAMPLES_PER_ROLLOUT
+
+    with pytest.raises(ConfigError, match=r"--rollout-batch-size 100000000000 x --n-samples-per-prompt "
+                                          r"2 = 200,000,000,000 answers per rollout; labkit takes "
+                                          r"at most 65,536"):
+        config_from_args(["--rollout-batch-size", "100000000000", "--n-samples-per-prompt", "2",
+                          "--global-batch-size", "200000000000"], env={})
+    RunConfig(rollout_batch_size=MAX_SAMPLES_PER_ROLLOUT // 8,
+              global_batch_size=MAX_SAMPLES_PER_ROLLOUT).check()
+
+
+def test_a_huge_synthetic_split_is_the_whole_split_not_a_hang():
+    from labkit.data import SYNTHETIC_SPLIT_MAX, load_problems
+
+    assert len(load_problems("synthetic", "test", n=10**20)) == SYNTHETIC_SPLIT_MAX

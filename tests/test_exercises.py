@@ -412,6 +412,19 @@ def test_students_command_keeps_a_copy_a_student_edited(tmp_path, capsys):
     assert "no_signal = None" in copy.read_text()
 
 
+def test_check_says_a_copy_was_edited_not_that_its_source_changed(tmp_path, capsys):
+    src = tmp_path / "notebooks"
+    write_lesson(src, lesson())
+    assert labkit_main(["students", str(src)]) == 0
+    copy = src / "students" / "01_lesson.ipynb"
+    copy.write_text(copy.read_text().replace("no_signal = None", "no_signal = 1"))
+    capsys.readouterr()
+    assert labkit_main(["students", str(src), "--check"]) == 1
+    printed = capsys.readouterr()
+    assert f"{copy}: edited since labkit wrote it" in printed.out and "stale" not in printed.out
+    assert "--force" in printed.out and "with --force for the edited ones" in printed.err
+
+
 def test_students_command_rewrites_an_untouched_copy_of_a_changed_lesson(tmp_path):
     src = tmp_path / "notebooks"
     nb = lesson()

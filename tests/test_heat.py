@@ -281,7 +281,7 @@ def sampler_threads():
     return [t for t in threading.enumerate() if t.name == HeatGuard.THREAD_NAME]
 
 
-def wait_for(cond, timeout=5.0):
+def wait_for(cond, timeout=600.0):  # for the event; the bound only ends a broken test
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, "timed out"

@@ -23,8 +23,9 @@ def evaluated(run, before, after, n=400, steps=24):
 
 def test_a_run_reads_before_after_and_the_standard_error(tmp_path):
     run = evaluated(small_run(tmp_path, "a", seed=1), 0.25, 0.30)
-    evals = read_evaluations(run)
-    assert list(evals.trained_steps) == [0, 24]  # the cut last line is skipped
+    with pytest.warns(UserWarning, match=r"eval.jsonl: 1 of 3 lines are not readable evaluations"):
+        evals = read_evaluations(run)
+    assert list(evals.trained_steps) == [0, 24]  # the cut last line is left out, and said
     (row,) = heldout_gains(load_runs(tmp_path)).to_dict("records")
     assert row["before"] == 0.25 and row["after"] == 0.30
     assert row["change"] == pytest.approx(0.05) and row["name"] == "eval/gsm8k_test"
@@ -93,3 +94,21 @@ def test_a_setting_outside_the_reference_range_is_named():
              change_low=0.01, change_high=0.02, stderr=0.01)])
     text = heldout_verdict(table, "32 x 8")
     assert "moved it in some runs only" in text and "entirely outside: 64 x 4 (0.260 to 0.270)" in text
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe not text", b"[1, 2]\n{\"eval/gsm8k_test\": \"x\"}\n"],
+                         ids=["not-utf8", "not-evaluations"])
+def test_an_unreadable_eval_file_is_said_not_read_as_never_evaluated(tmp_path, capsys, content):
+    from labkit.cli import main
+
+    for seed in (1, 2):
+        evaluated(small_run(tmp_path, f"s{seed}", seed=seed), 0.25, 0.30)
+    (tmp_path / "s2" / "eval.jsonl").write_bytes(content)
+    with pytest.warns(UserWarning, match=r"s2/eval.jsonl"):
+        gains = heldout_gains(load_runs(tmp_path))
+    assert list(gains.run) == ["s1"]
+    assert main(["compare", str(tmp_path), "--early", "0-7", "--late", "16-23",
+                 "--out", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "s2/eval.jsonl" in line]
+    assert len(said) == 1 and said[0].startswith("warning: ") and "left out" in said[0]

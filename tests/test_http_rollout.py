@@ -232,7 +232,7 @@ def test_launch_over_http_syncs_every_engine_after_every_step(tiny_cfg, tiny_mod
 
     vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
     cfg = ServeConfig(engines=2, backend="fake", port=find_free_base_port(4), fake_delay_s=0.01,
-                      fake_vocab_size=vocab, log_dir=str(tmp_path / "serve"), startup_timeout_s=30)
+                      fake_vocab_size=vocab, log_dir=str(tmp_path / "serve"), startup_timeout_s=600)
     with Cluster(cfg) as cluster:
         run = train(tiny_cfg.replace(rollout_mode="http", router_url=cluster.url,
                                      max_open_requests=4, save_interval=2))
@@ -259,3 +259,48 @@ def test_launch_over_http_syncs_every_engine_after_every_step(tiny_cfg, tiny_mod
         assert sums[0] == pytest.approx(start, rel=1e-9, abs=1e-6)
         assert sums[-1] == pytest.approx(final, rel=1e-9, abs=1e-6)
         assert abs(sums[-1] - sums[0]) > 1e-3  # the optimizer steps changed what was sent
+
+
+def test_engines_that_stop_before_the_weight_sync_keep_the_step_and_name_the_sync(
+        tiny_cfg, tiny_model_dir, tmp_path, monkeypatch):
+    """`labkit serve` stops between step 0's update and its weight sync: the status names the
+    sync (not the optimizer step), step 0 is logged and checkpointed, and a resume against
+    new engines goes on with step 1."""
+    from transformers import AutoModelForCausalLM
+
+    from labkit.errors import LabkitError
+
+    vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
+
+    def serve(name):
+        return Cluster(ServeConfig(engines=1, backend="fake", router="none", fake_delay_s=0.01,
+                                   port=find_free_base_port(3), fake_vocab_size=vocab,
+                                   log_dir=str(tmp_path / name), startup_timeout_s=600))
+
+    first = serve("serve1").start()
+    real_sync, syncs = HttpEngine.update_weights, []
+
+    def sync(self, model):  # the first sync is at start; the second, after step 0's update
+        syncs.append(1)
+        if len(syncs) == 2:
+            first.stop()
+        return real_sync(self, model)
+
+    monkeypatch.setattr(HttpEngine, "update_weights", sync)
+    cfg = tiny_cfg.replace(rollout_mode="http", router_url=first.url, max_open_requests=4)
+    try:
+        with pytest.raises(LabkitError, match="during the weight sync|does not answer"):
+            train(cfg)
+    finally:
+        first.stop()
+    run_dir = Path(cfg.output_dir) / cfg.run_name
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["reason"] == "error" and status["last_step"] == 0
+    assert status["message"].startswith("the weight sync to the engines after step 0 failed: ")
+    assert "optimizer step" not in status["message"]
+    assert latest_checkpoint(run_dir)[0] == 0
+    monkeypatch.setattr(HttpEngine, "update_weights", real_sync)
+    with serve("serve2") as second:
+        resumed = train(cfg.replace(router_url=second.url), resume=run_dir)
+    assert resumed.metrics["rollout/step"].tolist() == [0, 1]
+    assert resumed.status["reason"] == "completed"

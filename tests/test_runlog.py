@@ -38,8 +38,8 @@ def test_the_lock_of_a_live_trainer_refuses_and_a_dead_ones_is_taken_over(tmp_pa
     run = _run_folder(tmp_path)
     holder = subprocess.Popen(  # another process holds the folder, then is killed
         [sys.executable, "-c", "import sys, time; from labkit.runlog import RunLog; "
-         f"log = RunLog.open({str(run)!r}); print('held', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True, env={**os.environ})
+         f"log = RunLog.open({str(run)!r}); print('held', flush=True); sys.stdin.read()"],  # holds it until killed
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ})
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RunLogError, match=rf"in use by another trainer \(pid {holder.pid} "):

@@ -11,7 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -41,7 +41,7 @@ def alive(pid: int) -> bool:
 def fake_config(tmp_path, engines=2, router="vllm-router", **kw) -> ServeConfig:
     port = find_free_base_port(engines + 2)
     return ServeConfig(engines=engines, backend="fake", port=port, router=router,
-                       log_dir=str(tmp_path / "serve"), startup_timeout_s=30, **kw)
+                       log_dir=str(tmp_path / "serve"), startup_timeout_s=600, **kw)
 
 
 def test_a_port_in_use_is_refused_before_anything_starts(tmp_path):
@@ -113,17 +113,18 @@ def run_serve(tmp_path, *extra, background=False) -> tuple[subprocess.Popen, dic
     log_dir = tmp_path / "serve"
     cmd = [sys.executable, "-m", "labkit", "serve", "--backend", "fake", "--engines", "1",
            "--router", "vllm-router" if have_router() else "none", "--port", str(port),
-           "--log-dir", str(log_dir), "--startup-timeout-s", "30", *extra]
+           "--log-dir", str(log_dir), "--startup-timeout-s", "600", *extra]
     ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if background else None
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, preexec_fn=ignore)
     state_file = log_dir / "serve.json"
-    for _ in range(300):  # up to 30 s
-        if state_file.exists() or proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    assert state_file.exists(), proc.communicate(timeout=30)[0]
-    return proc, json.loads(state_file.read_text())
+    seen = []
+    for line in proc.stdout:  # serve.json is written, then this line printed (or serve failed)
+        seen.append(line)
+        if line.startswith("labkit serve: router"):
+            return proc, json.loads(state_file.read_text())
+    proc.kill()  # its engines get SIGTERM when it dies (PR_SET_PDEATHSIG)
+    raise AssertionError("labkit serve ended before it served:\n" + "".join(seen))
 
 
 @pytest.mark.parametrize("sig,background", [(signal.SIGINT, False), (signal.SIGTERM, False),
@@ -134,7 +135,7 @@ def test_serve_stops_every_child_on_a_signal(tmp_path, sig, background):
     pids = list(state["pids"].values())
     assert all(alive(p) for p in pids)
     proc.send_signal(sig)
-    out, _ = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
     assert "all engine and router processes stopped" in out
     assert not any(alive(p) for p in pids)
@@ -143,7 +144,7 @@ def test_serve_stops_every_child_on_a_signal(tmp_path, sig, background):
 def test_serve_stops_all_when_an_engine_dies(tmp_path):
     proc, state = run_serve(tmp_path)
     os.kill(state["pids"]["engine0"], signal.SIGKILL)
-    out, _ = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 1 and "engine0 exited" in out
     assert not any(alive(p) for p in state["pids"].values())
 
@@ -164,3 +165,56 @@ def test_two_vllm_engines_behind_the_router(tmp_path):
     assert all(0 < len(c.token_ids) <= 4 and c.logprobs and len(c.logprobs) == len(c.token_ids)
                for g in out for c in g)
     assert not any(alive(p) for p in pids)
+
+
+@pytest.mark.parametrize("shadow", ["checkout", "package"])
+def test_engines_start_from_a_folder_that_holds_something_named_labkit(tmp_path, monkeypatch, shadow):
+    """`labkit serve` run from the folder that holds the checkout (`labkit/`, a namespace
+    package to Python), or beside any package named labkit: the engines, started with
+    `python -m labkit`, must still import the real labkit, not the folder."""
+    here = tmp_path / "home"
+    (here / "labkit").mkdir(parents=True)
+    if shadow == "package":
+        (here / "labkit" / "__init__.py").write_text("raise ImportError('not the real labkit')\n")
+    else:
+        (here / "labkit" / "README.md").write_text("a checkout of labkit\n")
+    monkeypatch.chdir(here)
+    with Cluster(fake_config(tmp_path, engines=1, router="none")) as cluster:
+        url = cluster.engine_urls()[0]
+        with urllib.request.urlopen(url + "/health", timeout=60) as answer:
+            assert answer.status == 200
+
+
+def test_the_engines_import_the_labkit_that_started_them():
+    from labkit.serving import cluster
+
+    cfg = ServeConfig(backend="fake")
+    isolated = ["-P"] if sys.version_info >= (3, 11) else []
+    assert engine_command(cfg, 8001)[:4] == [sys.executable, *isolated, "-m", "labkit"][:4]
+    repo = Path(cluster.__file__).resolve().parents[2]
+    assert (repo / "labkit" / "serving" / "cluster.py").is_file() and cluster.REPO == repo
+    assert cluster.engine_env(cfg, 0)["PYTHONPATH"].split(os.pathsep)[0] == str(repo)
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--port", "99999"], "--port 99999: the router and 1 engine(s) take ports 99999..100000"),
+    (["--port", "-5"], "--port -5: "),
+    (["--duration", "-1"], "--duration -1: seconds to serve must be > 0"),
+])
+def test_serve_refuses_a_port_or_duration_it_cannot_use_in_one_line(tmp_path, capsys, flags, said):
+    from labkit.cli import main
+
+    assert main(["serve", "--backend", "fake", "--router", "none", "--engines", "1",
+                 "--log-dir", str(tmp_path / "serve"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert f"labkit serve: {said}" in err and "did not expect" not in err
+
+
+def test_serve_refuses_a_log_dir_it_cannot_make(tmp_path, capsys):
+    from labkit.cli import main
+
+    (tmp_path / "a-file").write_text("")
+    log_dir = tmp_path / "a-file" / "serve"
+    assert main(["serve", "--backend", "fake", "--router", "none", "--engines", "1",
+                 "--port", str(find_free_base_port(2)), "--log-dir", str(log_dir)]) == 2
+    assert f"labkit serve: --log-dir {log_dir}: cannot create it (Not a directory)" in capsys.readouterr().err

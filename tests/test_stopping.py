@@ -191,17 +191,18 @@ def test_install_off_the_main_thread_installs_nothing_and_says_so():
 
 
 # ------------------------------------------------------------------ a real process
+# Each step holds until the test lets it go (a file `go <step>` appears), so a signal the test
+# sends "during step 1" lands there however slow the machine is.
 LOOP = """
-import sys, time
+import os, sys, time
 from labkit.stopping import StopController
 
-step_s = float(sys.argv[1])
+folder = sys.argv[1]
 with StopController(None) as stop:
     try:
         for step in range(1000):
             print(f"start {step}", flush=True)
-            t_end = time.monotonic() + step_s
-            while time.monotonic() < t_end:      # the step's work; signals land in here
+            while not os.path.exists(os.path.join(folder, f"go {step}")):  # the step's work
                 time.sleep(0.01)
             print(f"end {step} requested={stop.stop_requested}", flush=True)
             reason = stop.should_stop()
@@ -214,14 +215,18 @@ with StopController(None) as stop:
 """
 
 
-def start_loop(tmp_path: Path, step_s: float) -> subprocess.Popen:
+def start_loop(tmp_path: Path) -> subprocess.Popen:
     script = tmp_path / "loop.py"
     script.write_text(textwrap.dedent(LOOP))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(
-        [sys.executable, str(script), str(step_s)],
+        [sys.executable, str(script), str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
+
+
+def let_go(tmp_path: Path, step: int) -> None:
+    (tmp_path / f"go {step}").touch()
 
 
 def read_until(proc: subprocess.Popen, prefix: str) -> list[str]:
@@ -235,11 +240,14 @@ def read_until(proc: subprocess.Popen, prefix: str) -> list[str]:
 
 
 def test_sigterm_mid_step_finishes_the_step_then_exits(tmp_path):
-    proc = start_loop(tmp_path, step_s=1.0)
+    proc = start_loop(tmp_path)
     try:
-        lines = read_until(proc, "start 1")
-        proc.send_signal(signal.SIGTERM)          # step 1 has about 1 s of work left
-        out, err = proc.communicate(timeout=30)
+        lines = read_until(proc, "start 0")
+        let_go(tmp_path, 0)
+        lines += read_until(proc, "start 1")
+        proc.send_signal(signal.SIGTERM)          # while step 1 works
+        let_go(tmp_path, 1)
+        out, err = proc.communicate(timeout=600)
     finally:
         proc.kill()
     lines += out.strip().splitlines()
@@ -250,27 +258,26 @@ def test_sigterm_mid_step_finishes_the_step_then_exits(tmp_path):
 
 
 def test_second_sigterm_interrupts_the_step_at_once(tmp_path):
-    proc = start_loop(tmp_path, step_s=60.0)
+    proc = start_loop(tmp_path)                   # step 0 is never let go: only a signal ends it
     try:
         read_until(proc, "start 0")
         proc.send_signal(signal.SIGTERM)
         assert "stopping after the step in progress" in proc.stderr.readline()
-        t = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=600)
     finally:
         proc.kill()
-    assert time.monotonic() - t < 10              # not the 60 s the step would take
     assert proc.returncode == 130, err
     assert out.strip() == "interrupted in step 0: second signal (SIGTERM): interrupting the step in progress"
 
 
 def test_sighup_from_a_closed_session_stops_like_sigterm(tmp_path):
-    proc = start_loop(tmp_path, step_s=1.0)
+    proc = start_loop(tmp_path)
     try:
-        read_until(proc, "start 1")
+        read_until(proc, "start 0")
         proc.send_signal(signal.SIGHUP)
-        out, err = proc.communicate(timeout=30)
+        let_go(tmp_path, 0)
+        out, err = proc.communicate(timeout=600)
     finally:
         proc.kill()
     assert proc.returncode == 0, err

@@ -31,6 +31,7 @@ def _step(samples):
 
 def killed_at_step_1(response, label):
     if _step(8) == 1:  # as the kernel's out-of-memory killer would
+        (HERE / f"killed-{os.getpid()}").write_text("")
         os.kill(os.getpid(), signal.SIGKILL)
     return float(len(response) % 2)
 
@@ -117,8 +118,8 @@ def test_side_by_side_runs_fail_alone_and_stop_together(tiny_cfg, rewards, capsy
     bad = base.replace(run_name="bad", custom_rm_path=f"{rewards}:killed_at_step_1")
     folder = rewards.parent
 
-    def stop_when_both_wait():
-        while len(list(folder.glob("reached-*"))) < 2:
+    def stop_when_both_wait():  # ... and the bad run has reached its step 1, however slowly
+        while len(list(folder.glob("reached-*"))) < 2 or not list(folder.glob("killed-*")):
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C on the sweep
         while not any("stopping every run" in line for line in _said):

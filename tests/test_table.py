@@ -106,3 +106,20 @@ def test_compare_refuses_runs_of_other_learning_rates_and_lists_them(tmp_path, c
     assert "differ in lr" in err and "lr 1e-06: a1, a2; lr 1e-05: b1" in err
     assert not (tmp_path / "out").exists()  # nothing written for a refused comparison
     assert labkit_main(["compare", str(tmp_path), "--out", str(tmp_path / "out"), "--mixed"]) == 0
+
+
+def test_two_runs_of_one_seed_are_not_counted_as_two_seeds(tmp_path, capsys):
+    small_run(tmp_path, "a", seed=1)
+    small_run(tmp_path, "b", seed=1, response_len=150.0)  # a rerun of seed 1, not a copy of a
+    small_run(tmp_path, "c", seed=2)
+    runs = load_runs(tmp_path)
+    with pytest.raises(AnalysisError, match=r"a, b \(group size 8\) share seed 1, so they are one "
+                                            r"seed, not 2\. Keep one run of each seed, or pass "
+                                            r"mixed=True"):
+        compare(runs)
+    assert labkit_main(["compare", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "share seed 1" in capsys.readouterr().err
+    with pytest.warns(UserWarning, match="share seed 1.*the table counts each run as a seed"):
+        compare(runs, mixed=True)
+    small_run(tmp_path / "other", "b", seed=3)  # seeds 1, 2, 3: three seeds
+    assert compare(load_runs([tmp_path / "a", tmp_path / "c", tmp_path / "other"]))["seeds"].tolist() == [3]

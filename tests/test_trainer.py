@@ -165,17 +165,41 @@ def test_half_written_checkpoint_is_detected(tiny_cfg):
     assert len(Run(run.dir).metrics) == 2  # nothing already written was lost
 
 
-SCRIPT = """
-import sys, time
+# A child run prints lines the test waits for; at the lines the test names (LABKIT_TEST_HOLD_AT)
+# it also waits, until the test lets it go (a file appears). So a signal the test sends "during
+# step 0" lands there however slow the machine is, not within a sleep that a busy box outlasts.
+HOLD = """
+import os, time
+
+def say(line):
+    print(line, flush=True)
+    if line in os.environ.get("LABKIT_TEST_HOLD_AT", "").split("|"):
+        go = os.path.join(os.environ["LABKIT_TEST_HOLD_DIR"], line.replace(" ", "-"))
+        while not os.path.exists(go):  # a second signal interrupts this wait
+            time.sleep(0.01)
+"""
+
+
+def _hold_env(tmp_path, *lines: str) -> dict:
+    """The environment of a child that holds at `lines` until _let_go."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "LABKIT_TEST_HOLD_DIR": str(tmp_path),
+            "LABKIT_TEST_HOLD_AT": "|".join(lines)}
+
+
+def _let_go(tmp_path, line: str) -> None:
+    (tmp_path / line.replace(" ", "-")).touch()
+
+
+SCRIPT = HOLD + """
+import sys
 import labkit.trainer as trainer
 from labkit.config import RunConfig
 orig = trainer.run_step
-def slow_step(s, step):
+def held_step(s, step):
     out = orig(s, step)
-    print(f"step {step} done", flush=True)
-    time.sleep(1.5)            # a long step: the signal lands inside it
+    say(f"step {step} done")   # held: the signal lands inside the step
     return out
-trainer.run_step = slow_step
+trainer.run_step = held_step
 cfg = RunConfig(**__CFG__)
 if __name__ == "__main__":
     run = trainer.train(cfg, resume=sys.argv[1] if len(sys.argv) > 1 else None)
@@ -188,14 +212,15 @@ def test_sigterm_mid_step_then_resume_matches_uninterrupted(tiny_cfg, tmp_path):
     full = train(cfg.replace(run_name="full", save_interval=4))
     script = tmp_path / "run.py"
     script.write_text(SCRIPT.replace("__CFG__", repr(cfg.replace(run_name="killed").to_dict())))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
-    deadline = time.time() + 120
-    for line in proc.stdout:  # wait until step 0 is done, then signal during its sleep
-        if line.startswith("step 0 done") or time.time() > deadline:
-            proc.send_signal(signal.SIGTERM)
-            break
-    out = proc.communicate(timeout=120)[0]
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            env=_hold_env(tmp_path, "step 0 done"))
+    try:
+        _wait_for(proc, "step 0 done", [])
+        proc.send_signal(signal.SIGTERM)  # while step 0 is held
+        _let_go(tmp_path, "step 0 done")
+        out = proc.communicate(timeout=600)[0]
+    finally:
+        proc.kill()
     assert proc.returncode == 0, out
     assert "status signal" in out
     assert "run stopped (signal: SIGTERM)" in out and "signal: signal" not in out
@@ -279,7 +304,7 @@ def test_a_full_disk_at_the_final_checkpoint_still_writes_the_status(tiny_cfg, m
     import labkit.checkpoint as checkpoint
 
     def disk_full(obj, f):  # what torch raises when the disk fills during torch.save
-        Path(f).write_bytes(b"\0" * 100)
+        f.write(b"\0" * 100)
         raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter "
                            "failed writing file data/3: file write failed")
 
@@ -294,8 +319,106 @@ def test_a_full_disk_at_the_final_checkpoint_still_writes_the_status(tiny_cfg, m
     assert not [p for p in (run.dir / "checkpoint").iterdir() if ".tmp" in p.name]
 
 
-STOPPABLE = """
-import sys, time
+def test_a_checkpoint_that_fills_the_disk_ends_the_run_with_a_status_and_is_not_retried(
+        tiny_cfg, monkeypatch):
+    import errno
+
+    import labkit.checkpoint as checkpoint
+
+    calls = []
+
+    def disk_full(obj, f):
+        calls.append(f)
+        f.write(b"\0" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.torch, "save", disk_full)
+    with pytest.raises(checkpoint.CheckpointWriteFailed, match="the disk is full"):
+        train(tiny_cfg.replace(num_rollout=3, save_interval=1))  # a checkpoint after step 0
+    run = Run(Path(tiny_cfg.output_dir) / tiny_cfg.run_name)
+    assert run.status["reason"] == "error" and run.status["last_step"] == 0
+    assert "could not write the checkpoint of step 0" in run.status["message"]
+    assert "the disk is full" in run.status["message"]
+    assert "there is no checkpoint, so --resume is refused" in run.status["message"]
+    assert len(calls) == 1  # the stop did not fill the disk again with the same checkpoint
+    assert all(f.closed for f in calls)  # the space of the removed file is given back
+    assert not [p for p in (run.dir / "checkpoint").iterdir() if ".tmp" in p.name]
+
+
+def test_the_resume_refusal_says_how_the_run_stopped_when_its_status_does(tiny_cfg, monkeypatch):
+    import errno
+
+    import labkit.checkpoint as checkpoint
+    import labkit.trainer as trainer
+
+    def no_room(obj, f):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    real_step = trainer.run_step
+
+    def step_then_sigterm(s, step):  # a SIGTERM lands during step 0
+        out = real_step(s, step)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(checkpoint.torch, "save", no_room)  # ... and its checkpoint fails
+    monkeypatch.setattr(trainer, "run_step", step_then_sigterm)
+    run = train(tiny_cfg.replace(num_rollout=3))
+    assert run.status["reason"] == "signal" and run.status["last_step"] == 0
+    monkeypatch.undo()
+    with pytest.raises(RunLogError) as refused:
+        train(tiny_cfg.replace(num_rollout=3), resume=run.dir)
+    message = str(refused.value)
+    assert "(steps 0-0 are logged; it stopped on SIGTERM and wrote none then (status.json: " \
+           "SIGTERM; could not write the checkpoint of step 0" in message
+    assert "SIGKILL" not in message
+
+
+FULL_DISK = """
+import sys
+import labkit.checkpoint as checkpoint
+from labkit.config import RunConfig
+from labkit.trainer import train
+
+checkpoint.AUTO_SAVE_S = 0.0  # a rolling checkpoint after every step: it does not fit
+try:
+    train(RunConfig(**__CFG__))
+except checkpoint.CheckpointWriteFailed as e:
+    print("failed:", e, flush=True)
+"""
+
+
+def _small_disk_works(folder: Path) -> bool:
+    folder.mkdir()
+    try:
+        return subprocess.run(["unshare", "-rm", "sh", "-c",
+                               f"mount -t tmpfs -o size=64k tmpfs {folder}"],
+                              capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def test_a_real_full_disk_during_a_checkpoint_still_leaves_the_status(tiny_cfg, tmp_path):
+    """On a 64 KiB file system (a tmpfs in a user namespace of its own) the checkpoint of
+    the tiny model (350 KB) fills the disk; the status must still be written after it."""
+    disk = tmp_path / "disk"
+    if not _small_disk_works(disk):
+        pytest.skip("cannot mount a small tmpfs here (unshare -rm needs user namespaces)")
+    cfg = tiny_cfg.replace(num_rollout=3, output_dir=str(disk))
+    script = tmp_path / "full.py"
+    script.write_text(FULL_DISK.replace("__CFG__", repr(cfg.to_dict())))
+    out = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {disk} "
+                          f"&& {sys.executable} {script} && cat {disk}/tiny/status.json"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "failed: could not write the checkpoint of step 0" in out.stdout, out.stdout + out.stderr
+    status = json.loads(out.stdout[out.stdout.index("{"):])
+    assert status["reason"] == "error" and status["last_step"] == 0, status
+    assert "the disk is full" in status["message"]
+
+
+STOPPABLE = HOLD + """
+import sys
 import torch
 import labkit.checkpoint as checkpoint
 import labkit.lifecycle as lifecycle
@@ -309,29 +432,26 @@ orig_step, orig_save, real_torch_save = trainer.run_step, lifecycle.save_checkpo
 orig_setup = lifecycle.setup
 
 def slow_setup(*a, **k):       # a model that takes long to load: signals land in here
-    print("loading", flush=True)
-    time.sleep(3)
+    say("loading")
     return orig_setup(*a, **k)
 
-def slow_step(s, step):
+def held_step(s, step):
     out = orig_step(s, step)
-    print(f"step {step} done", flush=True)
-    time.sleep(1.5)            # a long step: signals land inside it
+    say(f"step {step} done")   # signals land inside the step
     return out
 
 def save(run_dir, step, *a, **k):
     path = orig_save(run_dir, step, *a, **k)
-    print(f"saved {step}", flush=True)
+    say(f"saved {step}")
     return path
 
 def torch_save(obj, f):        # a checkpoint that takes long to write
-    with open(f, "wb") as out:
-        out.write(b"half a checkpoint")
-    print("saving", flush=True)
-    time.sleep(30)
+    f.write(b"half a checkpoint")
+    f.flush()
+    say("saving")
     real_torch_save(obj, f)
 
-trainer.run_step, lifecycle.save_checkpoint = slow_step, save
+trainer.run_step, lifecycle.save_checkpoint = held_step, save
 if slow == "slow-save":
     checkpoint.torch.save = torch_save
 if slow == "slow-setup":
@@ -349,34 +469,33 @@ def _flags(cfg) -> list[str]:
             "--run-name", cfg.run_name]
 
 
-def _start(tmp_path, cfg, auto_save_s: float, slow: str = "-") -> subprocess.Popen:
+def _start(tmp_path, cfg, auto_save_s: float, slow: str = "-", hold=()) -> subprocess.Popen:
+    """The run in a child (STOPPABLE), holding at the lines `hold` until _let_go."""
     script = tmp_path / "stoppable.py"
     script.write_text(STOPPABLE)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, str(script), str(auto_save_s),
-                             slow, *_flags(cfg)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                             slow, *_flags(cfg)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=_hold_env(tmp_path, *hold))
 
 
-def _wait_for(proc, prefix: str, seen: list, timeout_s: float = 120) -> None:
-    deadline = time.time() + timeout_s
+def _wait_for(proc, prefix: str, seen: list) -> None:
+    """Read the child's lines until one starts with `prefix` (or the child ends: an error)."""
     for line in proc.stdout:
         seen.append(line)
         if line.startswith(prefix):
             return
-        assert time.time() < deadline, "".join(seen)
     raise AssertionError(f"the run ended before {prefix!r}:\n" + "".join(seen))
 
 
 def test_sigkill_after_a_rolling_checkpoint_resumes_like_an_uninterrupted_run(tiny_cfg, tmp_path, capsys):
     cfg = tiny_cfg.replace(num_rollout=4)
     full = train(cfg.replace(run_name="full", save_interval=4))
-    proc = _start(tmp_path, cfg.replace(run_name="killed"), auto_save_s=0.0)
+    proc = _start(tmp_path, cfg.replace(run_name="killed"), auto_save_s=0.0, hold=["saved 1"])
     seen = []
     try:
-        _wait_for(proc, "saved 1", seen)  # the rolling checkpoint after step 1
+        _wait_for(proc, "saved 1", seen)  # the rolling checkpoint after step 1; held there
         proc.kill()  # SIGKILL: no handler, no status, no final checkpoint
-        proc.communicate(timeout=60)
+        proc.communicate(timeout=600)
     finally:
         proc.kill()
     killed = Path(cfg.output_dir) / "killed"
@@ -391,14 +510,15 @@ def test_sigkill_after_a_rolling_checkpoint_resumes_like_an_uninterrupted_run(ti
 
 def test_second_sigterm_during_the_final_checkpoint_still_writes_the_status(tiny_cfg, tmp_path):
     cfg = tiny_cfg.replace(num_rollout=3, run_name="twice")
-    proc = _start(tmp_path, cfg, auto_save_s=1e9, slow="slow-save")
+    proc = _start(tmp_path, cfg, auto_save_s=1e9, slow="slow-save", hold=["step 0 done", "saving"])
     seen = []
     try:
         _wait_for(proc, "step 0 done", seen)
         proc.send_signal(signal.SIGTERM)  # stop after this step ...
-        _wait_for(proc, "saving", seen)
+        _let_go(tmp_path, "step 0 done")
+        _wait_for(proc, "saving", seen)   # held in the final checkpoint until ...
         proc.send_signal(signal.SIGTERM)  # ... no, now: during the final checkpoint
-        out = proc.communicate(timeout=60)[0]
+        out = proc.communicate(timeout=600)[0]
     finally:
         proc.kill()
     out = "".join(seen) + out
@@ -443,12 +563,13 @@ def test_long_prompts_truncate_cuts_the_question(tiny_cfg, tmp_path, capsys):
 
 def test_sigterm_while_loading_stops_before_the_first_step_with_a_status(tiny_cfg, tmp_path):
     cfg = tiny_cfg.replace(num_rollout=3, run_name="early")
-    proc = _start(tmp_path, cfg, auto_save_s=1e9, slow="slow-setup")
+    proc = _start(tmp_path, cfg, auto_save_s=1e9, slow="slow-setup", hold=["loading"])
     seen = []
     try:
         _wait_for(proc, "loading", seen)
-        proc.send_signal(signal.SIGTERM)  # the handler was not installed yet: this killed it
-        out = proc.communicate(timeout=60)[0]
+        proc.send_signal(signal.SIGTERM)  # while the model loads (once, this killed the run)
+        _let_go(tmp_path, "loading")
+        out = proc.communicate(timeout=600)[0]
     finally:
         proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM, "".join(seen) + out

@@ -43,9 +43,10 @@ def setting(prompts, answers) -> str:
 
 def refuse_mixed_settings(runs: pd.DataFrame, *, by: str = "group_size") -> None:
     """Raise AnalysisError when the runs are not all seeds of one setting: they differ in
-    prompts per rollout, learning rate or model (the columns of SETTINGS that `runs` has), or
-    mix constructed runs with real ones. `runs`: a frame of runs, or of gains (run_gains).
-    With `by="setting"` (rows are prompts x answers) the prompts may differ.
+    prompts per rollout, learning rate or model (the columns of SETTINGS that `runs` has),
+    mix constructed runs with real ones, or two runs of one row share a seed (shared_seeds).
+    `runs`: a frame of runs, or of gains (run_gains). With `by="setting"` (rows are prompts x
+    answers) the prompts may differ.
 
     The message lists which runs share each value, and how to select one setting.
     """
@@ -58,13 +59,35 @@ def refuse_mixed_settings(runs: pd.DataFrame, *, by: str = "group_size") -> None
         problems.append(
             f"the runs differ in {', '.join(differ)}, so runs of one group size are not seeds "
             f"of one setting: " + "; ".join(_runs_by_value(per_run, c) for c in differ))
-    if made_up and len(made_up) < len(per_run):
+    mixed_made_up = bool(made_up) and len(made_up) < len(per_run)
+    if mixed_made_up:
         problems.append(f"{', '.join(made_up)} {'is' if len(made_up) == 1 else 'are'} "
                         f"constructed (made up, not measured) and the others are real runs")
+    select = (f"Select runs of one setting ({_selection(per_run, differ)}; labkit compare: "
+              f"name those run folders)" if problems else "")
+    twice = shared_seeds(runs, by=by)
+    if twice:
+        problems += twice
+        select = (select + "; keep" if select else "Keep") + " one run of each seed"
     if problems:
-        raise AnalysisError(
-            ". ".join(problems) + f". Select runs of one setting ({_selection(per_run, differ)}; "
-            f"labkit compare: name those run folders), or pass mixed=True (--mixed)")
+        raise AnalysisError(". ".join(problems) + f". {select}, or pass mixed=True (--mixed)")
+
+
+def shared_seeds(runs: pd.DataFrame, *, by: str = "group_size") -> list[str]:
+    """One line per row of the table (a group size, or with `by="setting"` prompts x answers)
+    whose runs share a seed: a rerun of a seed repeats it (bit for bit on a CPU), so counted
+    as another seed it narrows the seed spread it should widen. Empty when every seed is one run."""
+    per_run = runs.groupby("run", sort=False).first()
+    if "seed" not in per_run:
+        return []
+    keys = per_run.apply(_setting_of, axis=1) if by == "setting" else per_run.group_size
+    lines = []
+    for (key, seed), group in per_run.groupby([keys, per_run.seed], sort=True):
+        if len(group) > 1:
+            what = f"{key}" if by == "setting" else f"group size {key}"
+            lines.append(f"{', '.join(map(str, group.index))} ({what}) share seed {seed}, so they "
+                         f"are one seed, not {len(group)}")
+    return lines
 
 
 def _runs_by_value(per_run: pd.DataFrame, column: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -28,21 +29,36 @@ SETTING = ["prompts", "group_size"]  # what a setting is in the group-size compa
 
 def read_evaluations(run_dir: str | Path) -> pd.DataFrame:
     """A run folder's eval.jsonl as a frame: trained_steps, name, accuracy, stderr, n,
-    eval_time (one row per evaluation; empty when the run has none)."""
+    eval_time (one row per evaluation; empty when the run has none).
+
+    A file that cannot be read, or lines that are not evaluations (cut short by a killed run,
+    edited by hand), are left out with a warning naming the file: a run whose evaluations
+    are lost must not read as a run that was never evaluated."""
     path = Path(run_dir) / EVAL
-    rows = []
-    for line in path.read_text().splitlines() if path.exists() else []:
+    rows, bad = [], 0
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    except (OSError, UnicodeDecodeError) as e:
+        warnings.warn(f"{path} cannot be read ({e.__class__.__name__}: {e}); its held-out "
+                      f"accuracy is left out", stacklevel=2)
+        lines = []
+    for line in lines:
+        if not line.strip():
+            continue
         try:
             row = json.loads(line)
-        except ValueError:  # a line cut short by a killed run
+            name = next((k for k in row if k.startswith("eval/") and f"{k}_n" in row), None)
+            p, n = float(row[name]), int(row[f"{name}_n"])
+            trained = int(row.get("eval/trained_steps", -1))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            bad += 1
             continue
-        name = next((k for k in row if k.startswith("eval/") and f"{k}_n" in row), None)
-        if name is None:
-            continue
-        p, n = float(row[name]), int(row[f"{name}_n"])
-        rows.append({"trained_steps": int(row.get("eval/trained_steps", -1)), "name": name,
-                     "accuracy": p, "n": n, "stderr": math.sqrt(p * (1 - p) / max(n, 1)),
+        rows.append({"trained_steps": trained, "name": name, "accuracy": p, "n": n,
+                     "stderr": math.sqrt(p * (1 - p) / max(n, 1)) if 0 <= p <= 1 else math.nan,
                      "eval_time": row.get("perf/eval_time")})
+    if bad:
+        warnings.warn(f"{path}: {bad} of {bad + len(rows)} lines are not readable evaluations "
+                      f"(cut short or edited?); they are left out", stacklevel=2)
     return pd.DataFrame(rows, columns=["trained_steps", "name", "accuracy", "n", "stderr",
                                        "eval_time"])
 

@@ -18,7 +18,8 @@ import pandas as pd
 
 from labkit.analysis.costs import common_clean_steps, run_costs
 from labkit.analysis.gains import (EARLY, LATE, REFERENCE, check_window, group_gains,
-                                   inside_one_range, refuse_mixed_settings, run_gains)
+                                   inside_one_range, refuse_mixed_settings, run_gains,
+                                   shared_seeds)
 from labkit.analysis.heldout import group_heldout, heldout_verdict
 from labkit.metrics import STEP
 from labkit.analysis.runframe import AnalysisError, Runs, as_runs
@@ -78,6 +79,8 @@ def compare(runs: Runs, *, reference: int | str | None = None, early=EARLY, late
     runs = as_runs(runs)
     if not mixed:
         refuse_mixed_settings(runs, by=by)
+    for line in shared_seeds(runs, by=by) if mixed else ():
+        warnings.warn(f"{line}; the table counts each run as a seed", stacklevel=2)
     if by == "group_size":
         check_comparable(runs)
     options = dict(early=early, late=late, n_boot=n_boot, ci=ci, seed=seed)

@@ -22,6 +22,23 @@ def resolve_engine(cfg: RunConfig) -> str:
     return "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
 
 
+# Flags only vLLM in the trainer's process reads: the transformers engine and the engines
+# behind a router have no GPU share, KV cache or sleep mode of labkit's to set, seed the
+# rollout once, and return every answer's log-probs.
+VLLM_ONLY = ("rollout_gpu_memory_fraction", "rollout_kv_cache_gb", "rollout_sleep",
+             "rollout_seed_each_answer", "rollout_logprob_prompts")
+
+
+def ignored_engine_flags(cfg: RunConfig, explicit: set[str]) -> list[str]:
+    """The vLLM-only flags among `explicit` (the fields the user set) that this run's engine
+    ignores (transformers, or a router), as written on the command line."""
+    given = [name for name in VLLM_ONLY if name in explicit]
+    if not given or (cfg.rollout_mode != "http" and resolve_engine(cfg) == "vllm"):
+        return []
+    return [("--no-" if getattr(cfg, name) is False else "--") + name.replace("_", "-")
+            for name in given]
+
+
 def make_engine(cfg: RunConfig, path: str, policy, tokenizer) -> Engine:
     """The engine cfg.engine names (auto: vLLM on a GPU when importable, else transformers),
     or with --rollout-mode http the engines behind --router-url, given the policy's weights."""
@@ -55,4 +72,5 @@ def make_engine(cfg: RunConfig, path: str, policy, tokenizer) -> Engine:
     return HFEngine(policy, tokenizer)
 
 
-__all__ = ["Completion", "Engine", "Sampling", "make_engine", "resolve_engine"]
+__all__ = ["Completion", "Engine", "Sampling", "ignored_engine_flags", "make_engine",
+           "resolve_engine"]

@@ -80,7 +80,9 @@ class RetryPolicy:
 
     base_s, cap_s: attempt k waits uniform(0, min(cap_s, base_s * 2**(k-1))) before the next.
     deadline_s: no attempt starts later than this after the first; the last wait is cut so
-        that one attempt is made at the deadline, so retrying lasts at least deadline_s.
+        that one attempt is made at the deadline, so retrying lasts at least deadline_s (when
+        the deadline is not before request_timeout_s, until the last wait that leaves an
+        attempt time to be answered).
     request_timeout_s: the most one request may take, its attempts and waits included (a
         whole generation, queued behind others); the attempt in flight then is cancelled.
     retry_statuses: HTTP statuses that are retried; any other non-200 fails at once.
@@ -249,6 +251,11 @@ class RolloutClient:
                 why = f"HTTP {r.status}: {body[:200]}"
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             why = f"{type(e).__name__}: {e}"
+        else:  # it answers, but not healthy: its engines are the problem, not the URL
+            raise RouterUnavailable(
+                f"the router at {self.base_url} answers {url} with {why.strip()}: it is up but "
+                f"has no healthy engine behind it; check the engines (labkit serve's --log-dir "
+                f"has their logs) or restart them with `labkit serve`")
         raise RouterUnavailable(
             f"the router at {self.base_url} does not answer {url} ({why}); start the engines "
             f"and the router with `labkit serve`, or pass the URL it printed"
@@ -260,7 +267,7 @@ class RolloutClient:
         """POST `payload` to `path` until a usable 200, the retry deadline or the request's
         timeout; return the JSON answer."""
         start, policy = self.clock(), self.retry
-        attempt, status, code = 0, None, None
+        attempt, status, code, refused = 0, None, None, 0  # refused: attempts answered 503
         while True:
             if self._stop:
                 raise RolloutStopped(request_id, attempt, status, code, self._stop)
@@ -284,17 +291,23 @@ class RolloutClient:
                 else:
                     code, error = error_code(status, body), body[:200]
                     permanent = status not in policy.retry_statuses
+                    refused += status == 503
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
                 status, code, error = None, _exception_code(e), f"{type(e).__name__}: {e}"[:200]
             elapsed = self.clock() - start
-            left = min(policy.deadline_s, policy.request_timeout_s) - elapsed
+            budget = policy.request_timeout_s - elapsed  # what the request has left
+            left = min(policy.deadline_s - elapsed, budget)
             wait = min(policy.delay(attempt, self.rng), max(left, 0.0))
+            # an attempt after this wait would have no time to be answered: it could only
+            # "time out", and would hide what the router said (503s) behind a timeout
+            last = permanent or left <= 0 or wait >= budget
             self.emit("fail", request_id=request_id, attempt=attempt, status=status, code=code,
-                      error=error, delay_s=round(wait, 4) if not permanent and left > 0 else None)
-            if permanent or left <= 0:
+                      error=error, delay_s=None if last else round(wait, 4))
+            if last:
                 self.emit("gave_up", request_id=request_id, attempts=attempt, status=status, code=code)
                 raise RolloutFailed(request_id, attempt, status, code, _give_up_message(
-                    request_id, attempt, status, code, error, permanent, elapsed, policy))
+                    request_id, attempt, status, code, error, permanent, elapsed, policy,
+                    refused))
             await self.sleep(wait)
 
     def _accept(self, body: str) -> dict:
@@ -382,12 +395,19 @@ def _exception_code(e: BaseException) -> str:
     return "connection_error"
 
 
-def _give_up_message(rid, attempts, status, code, error, permanent, elapsed, policy) -> str:
+def _give_up_message(rid, attempts, status, code, error, permanent, elapsed, policy,
+                     refused: int = 0) -> str:
     what = f"HTTP {status}" if status else "no answer"
     if permanent:
         return (f"request {rid} failed with {what} ({code}): {error}; this is not retried, so "
                 f"the step is abandoned and nothing of it is applied")
-    if elapsed >= policy.request_timeout_s:
+    if refused == attempts:  # answered every time, never served: not a timeout
+        return (f"request {rid}: the router answered all {attempts} attempts in {elapsed:.0f} s "
+                f"with HTTP 503 ({code}): no engine behind it took the request, so the step is "
+                f"abandoned and nothing of it is applied. Check that the engines are up "
+                f"(labkit serve says when one stopped; its --log-dir has their logs); if they "
+                f"are only overloaded, raise --request-timeout or lower --max-open-requests")
+    if code == "timeout":
         return (f"request {rid} got no answer within its {policy.request_timeout_s:.0f} s "
                 f"(--request-timeout) after {attempts} attempt(s), last {what} ({code}); the "
                 f"step is abandoned and nothing of it is applied. If the engines are slow rather "

