@@ -77,12 +77,16 @@ def log_evaluation(s, trained_steps: int, bar=None) -> dict | None:
                         stop_token_ids=s.stop_ids, autocast=s.autocast)
 
     reused = False
-    if trained_steps == 0:
-        key = ("eval", s.policy_key, s.engine.name, tuple(p.id for p in s.eval_problems),
-               s.cfg.rollout_max_response_len, s.cfg.dtype)
-        row, reused = keep.starting_result(key, run)
-    else:
-        row = run()
+    try:
+        if trained_steps == 0:
+            key = ("eval", s.policy_key, s.engine.name, tuple(p.id for p in s.eval_problems),
+                   s.cfg.rollout_max_response_len, s.cfg.dtype)
+            row, reused = keep.starting_result(key, run)
+        else:
+            row = run()
+    finally:
+        if bar is not None:
+            bar.evaluated()
     row = {**row, "eval/trained_steps": trained_steps, "eval/reused": reused, "time/end": time.time()}
     s.log.append_eval(row)
     name = eval_name(s.eval_problems)

@@ -121,7 +121,7 @@ def finish_run(s: Session, reason: str, last: int, message: str, bar, saves: Sav
     """
     try:
         if bar is not None:
-            bar.close()
+            bar.close(reason)  # a clean stop is not drawn as a failure
         s.log.append_heat(p.to_dict() for p in s.guard.take_new_pauses())
         note = final_checkpoint(s, reason, last, saves)
         if s.stopper is not None:

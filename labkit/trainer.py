@@ -305,7 +305,8 @@ def _progress(s: Session, first: int):
     from labkit.progress import StepProgress
 
     return StepProgress(s.cfg.num_rollout, first, engine=s.engine, policy=s.policy,
-                        samples=s.cfg.samples_per_rollout)
+                        samples=s.cfg.samples_per_rollout, max_tokens=s.cfg.rollout_max_response_len,
+                        say_load=not torch.cuda.is_available())  # a GPU run hardly feels the CPU's load
 
 
 def _advance(bar, metrics: dict) -> None:
