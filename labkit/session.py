@@ -20,6 +20,7 @@ from labkit.actor import make_optimizer
 from labkit.config import RunConfig
 from labkit.engines import keep, make_engine, resolve_engine
 from labkit.engines.base import Engine
+from labkit.evaluation import held_out_problems
 from labkit.heat import HeatGuard, make_guard
 from labkit.models import (
     context_length,
@@ -61,6 +62,7 @@ class Session:
     prefetched: dict = field(default_factory=dict)  # --overlap-rollout: step -> its rollout
     policy_key: tuple = ()  # what the kept policy is (its starting-point results are cached)
     train_stream: object = None  # --overlap-rollout on a GPU: the update's CUDA stream
+    eval_size_fixed: bool = False  # the held-out problems are cut to the run's size (evaluation)
 
 
 def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
@@ -73,10 +75,7 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
         # The problem set is the same for every seed (seed 0); cfg.seed only orders it.
         problems = datamod.load_problems(cfg.data, "train", seed=0,
                                          synthetic_steps=cfg.synthetic_steps)
-        eval_problems = []
-        if cfg.eval_split_size:
-            eval_problems = datamod.split_eval(cfg.data, cfg.eval_split_size,
-                                               synthetic_steps=cfg.synthetic_steps)
+        eval_problems = held_out_problems(cfg)  # with auto, cut at the first evaluation
     reward_fn = load_reward(cfg.rm_type, cfg.custom_rm_path)
     device = default_device()
     with timed(timers, "startup_model"):
