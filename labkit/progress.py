@@ -15,16 +15,15 @@ reference log-probs do not). A held-out evaluation is shown the same way. After 
 one line with its reward and times is printed above the bar, which keeps to one line
 (tqdm.auto: a widget in a notebook, a text line on stderr in a terminal).
 
-On a loaded 2-core machine one 4-answer step took 12-13 minutes instead of 20-32 s, with no
-word why, and a clock that stood still for minutes inside a phase. So the bar says once when
-other programs keep the CPU busy (the load average against the cores), a timer thread
-redraws it every second (its clock runs while a phase does), and a run that stops cleanly
-(a signal, the time limit) closes it as stopped, not as failed (red in a notebook).
+On a loaded 2-core machine one 4-answer step took 12-13 minutes instead of 20-32 s (the run
+now says the load: labkit.cpuload), with a clock that stood still for minutes inside a
+phase. So a timer thread redraws the bar every second (its clock runs while a phase does),
+and a run that stops cleanly (a signal, the time limit) closes it as stopped, not as failed
+(red in a notebook).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -43,13 +42,12 @@ class StepProgress:
     rollout (for "8/8 answers" in the update). `max_tokens`: the most tokens an answer may
     have (for the bound on the time left). `every_s`: the least time between two redraws
     with new text; `refresh_s`: how often the timer thread redraws the clock (None: no
-    thread). `say_load`: say once, above the bar, when the CPU is busy with other work.
-    `bar`: a tqdm-like bar to draw on (default: a new tqdm.auto bar).
+    thread). `bar`: a tqdm-like bar to draw on (default: a new tqdm.auto bar).
     """
 
     def __init__(self, total: int, initial: int, *, engine=None, policy=None, samples: int = 0,
                  max_tokens: int = 0, every_s: float = 0.5, refresh_s: float | None = 1.0,
-                 say_load: bool = False, clock=time.monotonic, bar=None):
+                 clock=time.monotonic, bar=None):
         if bar is None:
             from tqdm.auto import tqdm
 
@@ -64,8 +62,6 @@ class StepProgress:
         self._hook = None
         if policy is not None:
             self._hook = policy.register_forward_pre_hook(self._forward, with_kwargs=True)
-        if say_load and (line := load_line()):
-            self.say(line)
         self._stop, self._timer = threading.Event(), None
         if refresh_s and hasattr(bar, "refresh"):
             self._timer = threading.Thread(target=self._redraw, args=(refresh_s,),
@@ -173,30 +169,6 @@ def clock_text(seconds: float) -> str:
     s = int(round(seconds))
     h, m = divmod(s // 60, 60)
     return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"
-
-
-def cpu_cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def load_line(load: float | None = None, cores: int | None = None) -> str | None:
-    """One line when other work keeps the CPU busy (the last minute's load average above the
-    cores this process may use), else None."""
-    if load is None:
-        try:
-            load = os.getloadavg()[0]
-        except (AttributeError, OSError):  # no load average (Windows)
-            return None
-    cores = cores or cpu_cores()
-    if load <= cores:
-        return None
-    return (f"labkit: this machine is busy: load {load:.1f} on {cores} core"
-            f"{'s' if cores != 1 else ''}, so other programs share the CPU and each step may "
-            f"take several times as long as on an idle machine")
 
 
 def step_line(metrics: dict) -> str:

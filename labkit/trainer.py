@@ -305,8 +305,7 @@ def _progress(s: Session, first: int):
     from labkit.progress import StepProgress
 
     return StepProgress(s.cfg.num_rollout, first, engine=s.engine, policy=s.policy,
-                        samples=s.cfg.samples_per_rollout, max_tokens=s.cfg.rollout_max_response_len,
-                        say_load=not torch.cuda.is_available())  # a GPU run hardly feels the CPU's load
+                        samples=s.cfg.samples_per_rollout, max_tokens=s.cfg.rollout_max_response_len)
 
 
 def _advance(bar, metrics: dict) -> None:

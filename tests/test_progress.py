@@ -8,7 +8,7 @@ import torch
 import labkit
 from labkit.engines.base import Sampling
 from labkit.engines.hf import HFEngine, _ProgressCounter
-from labkit.progress import StepProgress, clock_text, load_line, step_line, time_left
+from labkit.progress import StepProgress, clock_text, step_line, time_left
 
 
 class Bar:
@@ -200,12 +200,3 @@ def test_a_completed_run_closes_the_notebook_bar_as_done():
     progress.advance({"rollout/step": 0, "rollout/raw_reward": 0.5})
     progress.close("completed")
     assert bar.container.children[1].bar_style == "success"
-
-
-def test_the_load_is_said_when_other_work_keeps_the_cpu_busy():
-    line = load_line(load=3.9, cores=2)
-    assert line.startswith("labkit: this machine is busy: load 3.9 on 2 cores")
-    assert load_line(load=1.5, cores=2) is None and load_line(load=2.0, cores=2) is None
-    bar = Bar()
-    StepProgress(3, 0, bar=bar, say_load=True, refresh_s=None).close()
-    assert all("busy" in w for w in bar.written)  # at most the one line, whatever the load now
