@@ -374,7 +374,8 @@ def _say_batch(cfg: RunConfig) -> None:
 
 
 def _describe(cfg: RunConfig) -> str:
-    lines = [f"{k.replace('_', '-')}: {v}" for k, v in cfg.to_dict().items()]
+    lines = [f"{k.replace('_', '-')}: {'auto' if v is None and k == 'eval_split_size' else v}"
+             for k, v in cfg.to_dict().items()]
     lines.append(f"steps per rollout: {cfg.steps_per_rollout}")
     return "\n".join(lines)
 

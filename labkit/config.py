@@ -33,6 +33,7 @@ MAX_SYNTHETIC_STEPS = 20
 # The most answers one rollout may ask for: 256 times the recipe's 32 x 8. Far more only
 # spends minutes building the rollout's lists before the run prints its first line.
 MAX_SAMPLES_PER_ROLLOUT = 65_536
+AUTO_METAVAR = "N|auto"  # a number flag whose None, spelled auto, is decided when the run starts
 
 
 def flag_field(default, help: str, group: str | None = None, *, choices=None, metavar=None,
@@ -200,9 +201,12 @@ class RunConfig:
         "answered in the asked '#### <number>' format: a small model learns the format from "
         "them", "data"
     )
-    eval_split_size: int = _f(
-        1319, "held-out problems (the first N of the data's test split; GSM8K's has 1,319) "
-        "evaluated greedily before the first step and after the last (0: none)", "data"
+    eval_split_size: Optional[int] = _f(
+        None, "held-out problems (the first N of the data's test split; GSM8K's has 1,319) "
+        "evaluated greedily before the first step and after the last (0: none). auto: decided "
+        "by the engine, written to config.json: the whole split on vLLM; on the transformers "
+        "engine as many as take about 40 s on this machine, timed on a first batch (none when "
+        "that batch is too slow)", "data", metavar=AUTO_METAVAR
     )
     long_prompts: str = _f(
         "refuse", "a prompt that leaves no room for --rollout-max-response-len in the model's "
@@ -511,8 +515,11 @@ def add_config_flags(parser: argparse.ArgumentParser, cls, groups: dict | None =
         if f.type in ("bool", bool):
             target.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, **kw)
             continue
+        auto = f.metadata.get("metavar") == AUTO_METAVAR  # None is spelled auto
         if f.default is not dataclasses.MISSING:
-            kw["help"] += f" (default: {f.default})"
+            kw["help"] += f" (default: {'auto' if auto and f.default is None else f.default})"
+        if f.metadata.get("metavar"):
+            kw["metavar"] = f.metadata["metavar"]
         if f.metadata.get("choices"):
             kw["choices"] = f.metadata["choices"]
         if str(f.type).startswith("tuple"):
@@ -520,7 +527,21 @@ def add_config_flags(parser: argparse.ArgumentParser, cls, groups: dict | None =
                 kw["nargs"] = argparse.REMAINDER
             target.add_argument(_flag(f.name), type=_shell_words, **kw)
             continue
-        target.add_argument(_flag(f.name), type=_TYPES.get(str(f.type), str), **kw)
+        kind = _TYPES.get(str(f.type), str)
+        target.add_argument(_flag(f.name), type=_or_auto(kind) if auto else kind, **kw)
+
+
+def _or_auto(kind):
+    """A flag type that reads `auto` as None (the value decided when the run starts)."""
+    def parse(text: str):
+        if text.strip().lower() == "auto":
+            return None
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"use a number or auto, got {text!r}") from None
+
+    return parse
 
 
 def _shell_words(text: str) -> tuple[str, ...]:

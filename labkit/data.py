@@ -160,13 +160,14 @@ def load_problems(
     return problems[:n] if n is not None else problems
 
 
-def split_eval(spec: str, n: int, *, synthetic_steps: int = 2) -> list[Problem]:
-    """The held-out problems for evaluation: the first `n` of the test split, the same
-    for every run and seed (synthetic test problems use seed 0), so runs compare fairly."""
+def split_eval(spec: str, n: Optional[int], *, synthetic_steps: int = 2) -> list[Problem]:
+    """The held-out problems for evaluation: the first `n` of the test split (None: all), the
+    same for every run and seed (synthetic test problems use seed 0), so runs compare fairly."""
     path = Path(spec).expanduser()
     if spec not in ("gsm8k", "synthetic") and path.is_file():
         raise DataError(f"--data {spec!r} is one file, so it has no held-out test split; "
-                        f"pass a folder with train.jsonl and test.jsonl, or --eval-interval 0")
+                        f"pass a folder with train.jsonl and test.jsonl, or --eval-split-size 0 "
+                        f"(with --backend miles: --eval-interval 0)")
     return load_problems(spec, "test", seed=0, synthetic_steps=synthetic_steps, n=n)
 
 

@@ -154,7 +154,7 @@ def finish_run(s: Session, reason: str, last: int, message: str, bar, saves: Sav
     """
     try:
         if bar is not None:
-            bar.close()
+            bar.close(reason)  # a clean stop is not drawn as a failure
         s.log.append_heat(p.to_dict() for p in s.guard.take_new_pauses())
         extra = {}
         if reason == "signal" and s.stopper is not None:

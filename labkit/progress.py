@@ -4,23 +4,34 @@ Why: on a CPU one step of a lesson's run takes a minute or more, and a bar that 
 steps sits at 0/1 all that time, which looks like a hang. So the bar's one line also says
 what the step in progress is doing:
 
-    GRPO steps:  0%|          | 0/3 [00:21<?, ?step/s, step 0 rollout: 3/8 answers, 212 tokens]
+    GRPO steps:  0%|          | 0/3 [00:21<?, ?step/s, step 0 rollout: 3/8 answers, 212 tokens, at most 0:40 left]
     GRPO steps:  0%|          | 0/3 [00:40<?, ?step/s, step 0 update: micro-batch 1, 8/8 answers]
 
 The rollout's numbers come from the engine (`Engine.progress`, which the transformers engine
-calls as it writes); the update's from a hook on the policy's forward passes that carry a
-gradient (the passes that generate answers or compute reference log-probs do not). After each
-step one line with its reward and times is printed above the bar, which keeps to one line
+calls as it writes), with an upper bound of the time left as soon as tokens come (every
+answer running to the longest allowed, at the rate so far); the update's from a hook on the
+policy's forward passes that carry a gradient (the passes that generate answers or compute
+reference log-probs do not). A held-out evaluation is shown the same way. After each step
+one line with its reward and times is printed above the bar, which keeps to one line
 (tqdm.auto: a widget in a notebook, a text line on stderr in a terminal).
+
+On a loaded 2-core machine one 4-answer step took 12-13 minutes instead of 20-32 s (the run
+now says the load: labkit.cpuload), with a clock that stood still for minutes inside a
+phase. So a timer thread redraws the bar every second (its clock runs while a phase does),
+and a run that stops cleanly (a signal, the time limit) closes it as stopped, not as failed
+(red in a notebook).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
 
 from labkit.metrics import STEP
+
+CLEAN_STOPS = ("completed", "signal", "time_limit", "requested")  # not a failure: no red bar
 
 
 class StepProgress:
@@ -28,32 +39,46 @@ class StepProgress:
 
     `engine`: its `progress` is pointed at this bar (and cleared on close). `policy`: the
     module whose gradient passes are the update's micro-batches. `samples`: answers per
-    rollout (for "8/8 answers" in the update). `every_s`: the least time between two
-    redraws of the bar. `bar`: a tqdm-like bar to draw on (default: a new tqdm.auto bar).
+    rollout (for "8/8 answers" in the update). `max_tokens`: the most tokens an answer may
+    have (for the bound on the time left). `every_s`: the least time between two redraws
+    with new text; `refresh_s`: how often the timer thread redraws the clock (None: no
+    thread). `bar`: a tqdm-like bar to draw on (default: a new tqdm.auto bar).
     """
 
     def __init__(self, total: int, initial: int, *, engine=None, policy=None, samples: int = 0,
-                 every_s: float = 0.5, clock=time.monotonic, bar=None):
+                 max_tokens: int = 0, every_s: float = 0.5, refresh_s: float | None = 1.0,
+                 clock=time.monotonic, bar=None):
         if bar is None:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=total, initial=initial, desc="GRPO steps", unit="step",
                        dynamic_ncols=True)
-        self.bar, self.step, self.samples = bar, initial, samples
-        self.phase, self.passes, self.rows = "", 0, 0
-        self.every_s, self.clock, self._shown = every_s, clock, float("-inf")
+        self.bar, self.step, self.samples, self.max_tokens = bar, initial, samples, max_tokens
+        self.phase, self.passes, self.rows, self.evaluation = "", 0, 0, False
+        self.every_s, self.clock, self._shown, self.began = every_s, clock, float("-inf"), clock()
         self.engine = engine
         if engine is not None:
             engine.progress = self.generating
         self._hook = None
         if policy is not None:
             self._hook = policy.register_forward_pre_hook(self._forward, with_kwargs=True)
+        self._stop, self._timer = threading.Event(), None
+        if refresh_s and hasattr(bar, "refresh"):
+            self._timer = threading.Thread(target=self._redraw, args=(refresh_s,),
+                                           name="labkit-progress", daemon=True)
+            self._timer.start()
 
     # --- what the step is doing --------------------------------------------------------
     def generating(self, done: int, total: int, tokens: int) -> None:
         """The engine's report: answers finished of `total`, tokens written so far."""
-        phase = "eval" if self.phase in ("update", "eval") else "rollout"
-        self._set(phase, f"{done}/{total} answers, {tokens:,} tokens", now=done == total)
+        phase = "eval" if self.evaluation else "rollout"
+        if phase != self.phase or (done == 0 and tokens == 0 and not self.evaluation):
+            self.began = self.clock()  # a rollout starts (an evaluation started in evaluating)
+        text = f"{done}/{total} answers, {tokens:,} tokens"
+        left = time_left(self.clock() - self.began, total, tokens, self.max_tokens)
+        if left is not None and done < total:
+            text += f", at most {clock_text(left)} left"
+        self._set(phase, text, now=done == total)
 
     def _forward(self, module, args, kwargs) -> None:
         if not torch.is_grad_enabled():
@@ -71,15 +96,33 @@ class StepProgress:
         self.phase = phase
         if changed or now or self.clock() - self._shown >= self.every_s:
             self._shown = self.clock()
-            self.bar.set_postfix_str(f"step {self.step} {phase}: {text}")
+            where = (f"step {self.step} {phase}" if phase != "eval" else "eval before step 0"
+                     if self.step == 0 else f"eval after step {self.step - 1}")
+            self.bar.set_postfix_str(f"{where}: {text}")
 
-    def evaluating(self, problems: int) -> None:
-        """A held-out evaluation starts (before the first step, after the last)."""
-        self._set("eval", f"greedy answers to {problems} held-out problems", now=True)
+    def evaluating(self, problems: int, sizing: bool = False) -> None:
+        """A held-out evaluation starts (before the first step, after the last); with
+        `sizing`, its first batch is timed to choose how many problems it takes."""
+        self.evaluation, self.began = True, self.clock()
+        what = ("timing a first batch to size the held-out evaluation" if sizing
+                else f"greedy answers to {problems} held-out problems")
+        self._set("eval", what, now=True)
+
+    def evaluated(self) -> None:
+        """The evaluation is over (done or stopped): the engine's next answers are a rollout's."""
+        self.evaluation, self.phase = False, ""
 
     def say(self, line: str) -> None:
         """One line above the bar (a print would run into it)."""
         self.bar.write(line)
+
+    def _redraw(self, every_s: float) -> None:
+        """The timer thread: redraw the bar (its clock) until close()."""
+        while not self._stop.wait(every_s):
+            try:
+                self.bar.refresh()
+            except Exception:  # a bar torn down under us: nothing left to draw
+                return
 
     # --- the end of a step -------------------------------------------------------------
     def advance(self, metrics: dict) -> None:
@@ -89,14 +132,43 @@ class StepProgress:
         self.bar.update(1)
         self.step, self.phase = int(metrics[STEP]) + 1, ""
 
-    def close(self) -> None:
-        """Close the bar and let go of the engine and the policy."""
+    def close(self, reason: str = "completed") -> None:
+        """Close the bar and let go of the engine and the policy. A run that stopped cleanly
+        (`reason` in CLEAN_STOPS) closes as stopped, not as failed (tqdm's notebook bar turns
+        red when it closes short of its total)."""
+        self._stop.set()
+        if self._timer is not None:
+            self._timer.join(timeout=5)
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
         if self.engine is not None and self.engine.progress == self.generating:
             self.engine.progress = None
+        clean = reason in CLEAN_STOPS
+        short = getattr(self.bar, "total", None) and getattr(self.bar, "n", 0) < self.bar.total
+        if clean and short:
+            self.bar.set_postfix_str(f"stopped ({reason}) before step {self.step}; "
+                                     f"--resume continues")
         self.bar.close()
+        if clean and short and hasattr(self.bar, "container"):  # the notebook widget
+            self.bar.disp(bar_style="info", check_delay=False)
+
+
+def time_left(elapsed: float, total: int, tokens: int, max_tokens: int) -> float | None:
+    """An upper bound on the seconds left of a call writing `total` answers of at most
+    `max_tokens` tokens, `tokens` of them written in `elapsed` seconds: every answer runs to
+    the most allowed, at the rate so far (answers written side by side finish no later).
+    None until there is a rate (2 s and some tokens)."""
+    if not max_tokens or tokens <= 0 or elapsed < 2.0:
+        return None
+    return elapsed * max(total * max_tokens - tokens, 0) / tokens
+
+
+def clock_text(seconds: float) -> str:
+    """'0:40', '12:05', '2:03:10' (as tqdm writes times)."""
+    s = int(round(seconds))
+    h, m = divmod(s // 60, 60)
+    return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"
 
 
 def step_line(metrics: dict) -> str:

@@ -18,8 +18,10 @@ import torch
 from labkit import data as datamod
 from labkit.actor import make_optimizer
 from labkit.config import RunConfig
+from labkit.cpuload import fit_threads
 from labkit.engines import keep, make_engine, resolve_engine
 from labkit.engines.base import Engine
+from labkit.evaluation import held_out_problems
 from labkit.heat import HeatGuard, make_guard
 from labkit.models import (
     context_length,
@@ -61,24 +63,25 @@ class Session:
     prefetched: dict = field(default_factory=dict)  # --overlap-rollout: step -> its rollout
     policy_key: tuple = ()  # what the kept policy is (its starting-point results are cached)
     train_stream: object = None  # --overlap-rollout on a GPU: the update's CUDA stream
+    eval_size_fixed: bool = False  # the held-out problems are cut to the run's size (evaluation)
 
 
 def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
           guard: HeatGuard | None = None) -> Session:
     """Load data, reward, model, optimizer, engine and heat guard for a run; time each
-    start-up phase (perf/startup_*)."""
+    start-up phase (perf/startup_*). On a busy CPU, say so first, and compute on one thread
+    (labkit.cpuload)."""
     torch.manual_seed(cfg.seed)
+    device = default_device()
+    if device.type == "cpu" and (busy := fit_threads()):
+        print(busy, flush=True)  # before anything loads: the load is then other programs'
     timers: dict = {}
     with timed(timers, "startup_data"):
         # The problem set is the same for every seed (seed 0); cfg.seed only orders it.
         problems = datamod.load_problems(cfg.data, "train", seed=0,
                                          synthetic_steps=cfg.synthetic_steps)
-        eval_problems = []
-        if cfg.eval_split_size:
-            eval_problems = datamod.split_eval(cfg.data, cfg.eval_split_size,
-                                               synthetic_steps=cfg.synthetic_steps)
+        eval_problems = held_out_problems(cfg)  # with auto, cut at the first evaluation
     reward_fn = load_reward(cfg.rm_type, cfg.custom_rm_path)
-    device = default_device()
     with timed(timers, "startup_model"):
         path = resolve_model(cfg.model)
         tokenizer = load_tokenizer(path)
@@ -98,6 +101,8 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
     engine.log_to(log.dir)  # e.g. the HTTP client's failed attempts, in client.jsonl
     guard = guard or make_guard(cfg.heat_pause_c, cfg.heat_resume_c)
     log.add_to_config(heat_guard=guard.state)  # "off: no GPU" is said nowhere else
+    if device.type == "cpu":  # a step's time depends on it (labkit.cpuload)
+        log.add_to_config(torch_threads=torch.get_num_threads())
     startup = {f"perf/{k}_time": v for k, v in timers.items()}
     startup.update({f"perf/{k.replace('_seconds', '_time')}": v
                     for k, v in getattr(engine, "stats", {}).items()

@@ -324,7 +324,7 @@ def _progress(s: Session, first: int):
     # the update runs the transformer body (actor._forward_logprobs), not the policy's forward
     body = getattr(s.policy, "base_model", s.policy)
     return StepProgress(s.cfg.num_rollout, first, engine=s.engine, policy=body,
-                        samples=s.cfg.samples_per_rollout)
+                        samples=s.cfg.samples_per_rollout, max_tokens=s.cfg.rollout_max_response_len)
 
 
 def _advance(bar, metrics: dict) -> None:

@@ -82,3 +82,243 @@ def test_periodic_evaluation(tiny_cfg):
     run = train(tiny_cfg.replace(eval_split_size=2, num_rollout=3, eval_interval=2))
     rows = [json.loads(x) for x in (run.dir / "eval.jsonl").read_text().splitlines()]
     assert [r["eval/trained_steps"] for r in rows] == [0, 2, 3]
+
+
+# ------------------------------------------------------------------ how many, by engine
+def config_of(run) -> dict:
+    return json.loads((run.dir / "config.json").read_text())
+
+
+def eval_rows(run) -> list[dict]:
+    path = run.dir / "eval.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture()
+def small(tiny_cfg, tmp_path):
+    """tiny_cfg on a folder of made-up problems whose test split has 20 (automatic sizes stay
+    small, and quick to evaluate), evaluated with the automatic size."""
+    folder = tmp_path / "made"
+    folder.mkdir()
+    for split, n in (("train", 24), ("test", 20)):
+        rows = [{"question": f"Sam has {i} apples and buys {i + 2} more. How many now?",
+                 "answer": f"{i} + {i + 2} = {2 * i + 2}\n#### {2 * i + 2}"} for i in range(n)]
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return tiny_cfg.replace(data=str(folder), eval_split_size=None)
+
+
+def sizes(run) -> list[tuple[int, int]]:
+    return [(r["eval/trained_steps"], r["eval/made_test_n"]) for r in eval_rows(run)]
+
+
+def test_the_size_is_the_flags_else_the_folders_else_the_engines(tmp_path):
+    from labkit.config import RunConfig
+    from labkit.evaluation import resolve_size
+
+    auto = RunConfig(data="synthetic")
+    assert auto.eval_split_size is None  # auto: decided where the run is
+    assert resolve_size(auto, "hf") is None  # measured on the transformers engine
+    assert resolve_size(auto, "vllm") == -1 and resolve_size(auto, "http") == -1  # the whole split
+    assert resolve_size(auto, "hf", recorded=48) == 48  # a resumed run keeps its size
+    assert resolve_size(auto.replace(eval_split_size=5), "hf", recorded=48) == 5
+    assert resolve_size(auto.replace(eval_split_size=0), "vllm") == 0
+    one_file = tmp_path / "train.jsonl"
+    one_file.write_text('{"question": "made up", "answer": "#### 1"}\n')
+    assert resolve_size(auto.replace(data=str(one_file)), "vllm") == 0  # no test split
+    assert RunConfig.preset("cpu").eval_split_size == 0
+
+
+def test_auto_takes_whole_batches_that_fit_the_budget(monkeypatch):
+    import labkit.evaluation as ev
+
+    monkeypatch.setattr(ev, "EVAL_BUDGET_S", 40.0)
+    monkeypatch.setattr(ev, "EVAL_BATCH", 16)
+    assert ev.auto_size(500, 10.0) == 64  # 4 batches of 16 in 40 s
+    assert ev.auto_size(500, 39.0) == 16
+    assert ev.auto_size(500, 41.0) == 0  # one batch is already over the budget
+    assert ev.auto_size(500, None) == 0  # the batch was given up
+    assert ev.auto_size(20, 1.0) == 20  # never more than the split
+
+
+def test_auto_on_the_transformers_engine_is_measured_and_recorded(small, capsys):
+    run = train(small)
+    size = config_of(run)["eval_split_size"]
+    assert isinstance(size, int) and 0 < size <= 20
+    assert sizes(run) == [(0, size), (2, size)]
+    out = capsys.readouterr().out
+    assert f"held-out evaluation of {size:,} of the 20 test problems, about" in out
+    assert "--eval-split-size N to choose, 0 for none" in out
+
+
+def test_auto_on_a_slow_machine_is_none_and_says_the_flag(small, monkeypatch, capsys):
+    import labkit.evaluation as ev
+
+    monkeypatch.setattr(ev, "EVAL_BUDGET_S", 0.0)  # any batch is too slow
+    run = train(small)
+    assert config_of(run)["eval_split_size"] == 0 and eval_rows(run) == []
+    out = capsys.readouterr().out
+    assert "labkit: no held-out evaluation: 16 greedy answers of up to 12 tokens would take over" in out
+    assert "--eval-split-size N evaluates N of them anyway" in out
+    assert run.status["reason"] == "completed" and len(run.metrics) == 2
+
+
+def test_auto_on_vllm_is_the_whole_split_in_one_call(small, served):
+    run = train(small.replace(num_rollout=1))
+    assert config_of(run)["eval_split_size"] == 20 and sizes(run) == [(0, 20), (1, 20)]
+    (engine,) = served
+    calls = [e for e in engine.events if e[0] == "generate"]
+    assert len(calls) == 3  # evaluation, rollout, evaluation: one call each
+
+
+def test_a_long_chosen_evaluation_says_how_long(tiny_cfg, monkeypatch, capsys):
+    import labkit.evaluation as ev
+
+    monkeypatch.setattr(ev, "SAY_ABOVE_S", 0.0)  # any evaluation counts as long
+    train(tiny_cfg.replace(eval_split_size=40, num_rollout=1))
+    out = capsys.readouterr().out
+    assert out.count("labkit: the held-out evaluation of 40 problems will take about") == 1
+    assert "--eval-split-size 0 turns it off" in out
+    monkeypatch.setattr(ev, "SAY_ABOVE_S", 1e9)
+    train(tiny_cfg.replace(eval_split_size=40, num_rollout=1, run_name="short"))
+    assert "will take" not in capsys.readouterr().out
+
+
+def test_the_python_api_resumes_an_auto_run_with_its_recorded_size(small):
+    from labkit.runlog import config_mismatches, saved_config
+
+    first = train(small.replace(num_rollout=1, save_interval=1))
+    recorded = config_of(first)["eval_split_size"]
+    assert config_mismatches(saved_config(first.dir), small) == []  # auto matches what it became
+    again = train(small.replace(num_rollout=2, save_interval=1), resume=first.dir)
+    assert sizes(again) == [(0, recorded), (1, recorded), (2, recorded)]
+
+
+# ------------------------------------------------------------------ answers as they come
+def test_answers_are_counted_across_the_batches(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from labkit.engines.hf import HFEngine
+    from labkit.evaluation import greedy_answers
+
+    engine = HFEngine(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                      AutoTokenizer.from_pretrained(tiny_model_dir))
+    reports, batches = [], []
+    engine.progress = lambda done, total, tokens: reports.append((done, total, tokens))
+    answers = greedy_answers(engine, [[5, 6, 7]] * 5, max_tokens=4, batch=2,
+                             on_batch=batches.append)
+    written = sum(len(a.token_ids) for a in answers)
+    assert len(answers) == 5 and batches == [2, 4, 5]
+    assert {total for _, total, _ in reports} == {5}  # one count over the three calls
+    assert [d for d, _, _ in reports] == sorted(d for d, _, _ in reports)
+    assert [t for _, _, t in reports] == sorted(t for _, _, t in reports)
+    assert reports[-1] == (5, 5, written)
+    assert engine.progress is not None and engine.cancel is None  # given back as found
+
+
+def test_a_cancel_ends_the_transformers_engine_at_the_next_token(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from labkit.engines.base import Cancelled, Sampling
+    from labkit.engines.hf import HFEngine
+
+    engine = HFEngine(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                      AutoTokenizer.from_pretrained(tiny_model_dir))
+    asked = []
+
+    def cancel():
+        asked.append(1)
+        return len(asked) >= 4  # the 4th question: a stop came during the 3rd token
+
+    engine.cancel = cancel
+    with pytest.raises(Cancelled):
+        engine.generate([[5, 6, 7]] * 3, Sampling(n=1, temperature=0.0, max_tokens=200))
+    assert len(asked) == 4  # asked no more once it said stop: 3 tokens of 200 written
+
+
+# ------------------------------------------------------------------ a stop during it
+def test_a_stop_during_the_evaluation_ends_it_and_the_run_resumes(small, monkeypatch, capsys):
+    from labkit.engines import hf
+    from labkit.stopping import StopController
+
+    stopper, asked = StopController(None), []
+    real = hf._CancelCheck.__call__
+
+    def stop_on_the_third_token(self, input_ids, scores, **kw):
+        asked.append(stopper.stop_requested)
+        if len(asked) == 3:
+            stopper.request_stop("the stop button")  # as a signal's handler does, mid-batch
+        return real(self, input_ids, scores, **kw)
+
+    monkeypatch.setattr(hf._CancelCheck, "__call__", stop_on_the_third_token)
+    cfg = small.replace(rollout_max_response_len=16)
+    run = train(cfg, stopper=stopper)
+    assert asked == [False, False, False]  # no token after the one the stop came in
+    assert run.status["reason"] == "requested" and run.status["last_step"] == -1
+    assert eval_rows(run) == [] and len(run.metrics) == 0
+    assert config_of(run)["eval_split_size"] is None  # not measured: decided when resumed
+    assert ("labkit: held-out evaluation after 0 steps stopped (requested: the stop button); "
+            "nothing logged for it") in capsys.readouterr().out
+
+    monkeypatch.setattr(hf._CancelCheck, "__call__", real)
+    again = train(cfg, resume=run.dir)
+    assert again.status["reason"] == "completed" and len(again.metrics) == 2
+    size = config_of(again)["eval_split_size"]
+    assert size > 0 and sizes(again) == [(0, size), (2, size)]
+
+
+SIGTERM_CHILD = """
+import sys
+from labkit.config import RunConfig
+from labkit.engines import hf
+from labkit.stopping import exit_code
+from labkit.trainer import train
+
+real = hf.HFEngine._generate_chunk
+def marked(self, prompts, sampling, *a, **kw):  # the evaluation starts writing (greedy)
+    if sampling.temperature == 0 and not getattr(hf, "said", False):
+        hf.said = True
+        print("writing", flush=True)
+    return real(self, prompts, sampling, *a, **kw)
+hf.HFEngine._generate_chunk = marked
+
+model, out = sys.argv[1:3]
+cfg = RunConfig(model=model, data="synthetic", engine="hf", rollout_batch_size=2,
+                n_samples_per_prompt=4, global_batch_size=8, num_rollout=2,
+                rollout_max_response_len=256, eval_split_size=500, output_dir=out,
+                run_name="stopped", progress=False)
+run = train(cfg)
+sys.exit(exit_code(run.status))
+"""
+
+
+def test_sigterm_during_the_evaluation_stops_it_and_logs_no_step(tiny_model_dir, tmp_path):
+    """500 answers of up to 256 tokens: minutes on this model. A SIGTERM while they are
+    written ends the run before its first step (before, the evaluation ran to its end)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from labkit.runlog import Run
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-c", SIGTERM_CHILD, str(tiny_model_dir),
+                              str(tmp_path / "runs")], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        lines = []
+        while not lines or lines[-1] != "writing":  # wait for the evaluation to write
+            line = child.stdout.readline()
+            assert line, f"the run ended before its evaluation wrote: {lines} {child.stderr.read()}"
+            lines.append(line.strip())
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=300)  # a bound for a hang, not the expected time
+    finally:
+        child.kill()
+    assert child.returncode == 143, err
+    run = Run(tmp_path / "runs" / "stopped")
+    assert run.status["reason"] == "signal" and run.status["last_step"] == -1
+    assert not (run.dir / "eval.jsonl").exists() or eval_rows(run) == []
+    assert "held-out evaluation after 0 steps stopped (signal: SIGTERM)" in out

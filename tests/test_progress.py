@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import labkit
 from labkit.engines.base import Sampling
 from labkit.engines.hf import HFEngine, _ProgressCounter
-from labkit.progress import StepProgress, step_line
+from labkit.progress import StepProgress, clock_text, step_line, time_left
 
 
 class Bar:
@@ -27,6 +28,16 @@ class Bar:
 
     def close(self):
         self.closed = True
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
 
 
 def tiny_engine(tiny_model_dir):
@@ -70,8 +81,11 @@ def test_the_bar_shows_the_rollout_then_the_update(tiny_model_dir):
     for rows in (5, 3):
         model(input_ids=torch.ones(rows, 4, dtype=torch.long))
     assert bar.postfixes[shown:][0] == "step 0 update: micro-batch 1, 5/8 answers"
-    engine.generate([[5]], Sampling(n=2, max_tokens=2, temperature=0.0))  # evaluation after the update
-    assert bar.postfixes[-1].startswith("step 0 eval: 2/2 answers")
+    progress.evaluating(1)  # a held-out evaluation after the update
+    assert bar.postfixes[-1] == "eval before step 0: greedy answers to 1 held-out problems"
+    engine.generate([[5]], Sampling(n=2, max_tokens=2, temperature=0.0))
+    assert bar.postfixes[-1].startswith("eval before step 0: 2/2 answers")
+    progress.evaluated()
     progress.advance({"rollout/step": 0, "rollout/raw_reward": 0.25, "rollout/tokens": 40,
                       "perf/rollout_time": 12.0, "perf/actor_train_time": 8.5, "perf/step_time": 21.0})
     assert bar.written == ["step 0: reward 0.250, 40 tokens; rollout 12.0 s, update 8.5 s, step 21.0 s"]
@@ -99,3 +113,90 @@ def test_a_run_shows_its_phases_and_a_line_per_step_and_no_heat_notice(tiny_cfg,
     assert sum(line.startswith("step 1: reward ") for line in lines) == 1
     assert "heat guard" not in out + err  # no GPU here: nothing to say about heat
     assert run.config["heat_guard"] == "off: no GPU"
+
+
+def test_a_rollout_after_an_evaluation_is_shown_as_a_rollout(tiny_model_dir):
+    model, engine = tiny_engine(tiny_model_dir)
+    bar = Bar()
+    progress = StepProgress(3, 0, engine=engine, policy=model, samples=8, bar=bar, refresh_s=None)
+    progress.evaluating(500, sizing=True)
+    assert bar.postfixes[-1] == "eval before step 0: timing a first batch to size the held-out evaluation"
+    engine.generate([[5]], Sampling(n=1, max_tokens=2, temperature=0.0))
+    progress.evaluated()
+    engine.generate([[5]], Sampling(n=2, max_tokens=2, seed=1))
+    assert bar.postfixes[-1].startswith("step 0 rollout: 2/2 answers")
+    progress.advance({"rollout/step": 0, "rollout/raw_reward": 0.0})
+    progress.evaluating(3)  # after the last step
+    assert bar.postfixes[-1] == "eval after step 0: greedy answers to 3 held-out problems"
+    progress.close()
+
+
+def test_the_time_left_is_an_upper_bound_from_the_rate_so_far():
+    # 4 answers of at most 32 tokens; 40 tokens in 10 s: 88 more at most, 22 s
+    assert time_left(10.0, 4, 40, 32) == 22.0
+    assert time_left(1.0, 4, 40, 32) is None  # no rate yet
+    assert time_left(10.0, 4, 0, 32) is None and time_left(10.0, 4, 40, 0) is None
+    assert time_left(10.0, 4, 128, 32) == 0.0
+    assert [clock_text(x) for x in (22.0, 725, 7390)] == ["0:22", "12:05", "2:03:10"]
+
+
+def test_the_bar_says_the_time_left_of_the_rollout():
+    clock, bar = Clock(), Bar()
+    progress = StepProgress(3, 0, bar=bar, max_tokens=32, clock=clock, every_s=0.0, refresh_s=None)
+    progress.generating(0, 4, 0)  # the rollout starts
+    clock.now += 10.0
+    progress.generating(1, 4, 40)
+    assert bar.postfixes[-1] == "step 0 rollout: 1/4 answers, 40 tokens, at most 0:22 left"
+    progress.generating(4, 4, 90)
+    assert bar.postfixes[-1] == "step 0 rollout: 4/4 answers, 90 tokens"  # done: nothing left
+
+
+def test_a_timer_redraws_the_bar_while_a_phase_runs_until_closed():
+    import threading
+
+    class Redrawn(Bar):
+        def __init__(self):
+            super().__init__()
+            self.redraws, self.twice = 0, threading.Event()
+
+        def refresh(self):
+            self.redraws += 1
+            if self.redraws >= 2:
+                self.twice.set()
+
+    bar = Redrawn()
+    progress = StepProgress(3, 0, bar=bar, refresh_s=0.01)
+    progress.generating(0, 4, 0)  # a phase starts, and nothing more is reported
+    assert bar.twice.wait(60), "the bar's clock was not redrawn"
+    progress.close()
+    assert not progress._timer.is_alive()
+    after = bar.redraws
+    assert bar.closed and bar.redraws == after  # no redraw once closed
+
+
+def notebook_bar(total=3):
+    pytest.importorskip("ipywidgets")
+    from tqdm.notebook import tqdm
+
+    return tqdm(total=total, desc="GRPO steps", display=False)
+
+
+@pytest.mark.parametrize("reason, style", [("signal", "info"), ("time_limit", "info"),
+                                           ("error", "danger"), ("interrupted", "danger")])
+def test_a_clean_stop_does_not_close_the_notebook_bar_as_failed(reason, style):
+    bar = notebook_bar()
+    progress = StepProgress(3, 0, bar=bar, refresh_s=None)
+    progress.advance({"rollout/step": 0, "rollout/raw_reward": 0.5})
+    progress.close(reason)
+    assert bar.container.children[1].bar_style == style
+    if style == "info":
+        shown = bar.container.children[2].value.replace("\u2007", " ")  # tqdm's spaces in HTML
+        assert f"stopped ({reason}) before step 1; --resume continues" in shown
+
+
+def test_a_completed_run_closes_the_notebook_bar_as_done():
+    bar = notebook_bar(total=1)
+    progress = StepProgress(1, 0, bar=bar, refresh_s=None)
+    progress.advance({"rollout/step": 0, "rollout/raw_reward": 0.5})
+    progress.close("completed")
+    assert bar.container.children[1].bar_style == "success"

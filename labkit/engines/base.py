@@ -56,6 +56,12 @@ class Completion:
 BetweenBatches = Optional[Callable[[], None]]
 # Called while answers are written: (answers finished, answers asked for, tokens written so far).
 Progress = Optional[Callable[[int, int, int], None]]
+# Asked while answers are written: True ends the call at once (it raises Cancelled).
+Cancel = Optional[Callable[[], bool]]
+
+
+class Cancelled(Exception):
+    """`generate` was ended early because the engine's `cancel` said so; nothing is returned."""
 
 
 class Engine(ABC):
@@ -63,11 +69,14 @@ class Engine(ABC):
 
     `progress`, when set (the trainer's progress bar sets it), is called as the answers of a
     `generate` call come in, so a long rollout shows how far it is; an engine that cannot
-    tell never calls it.
+    tell never calls it. `cancel`, when set (a held-out evaluation sets it, so that a stop
+    ends it within seconds), is asked between tokens by an engine that can stop mid-call (the
+    transformers engine); the others never ask, and their call runs to its end.
     """
 
     name: str = "engine"
     progress: Progress = None
+    cancel: Cancel = None
 
     def report_progress(self, done: int, total: int, tokens: int) -> None:
         """Hand (answers finished, answers asked for, tokens so far) to `progress`, if set."""

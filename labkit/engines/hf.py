@@ -7,7 +7,8 @@ processor, which also records the log-prob of each sampled token under the distr
 was sampled from; the trainer compares those with its own log-probs
 (`train/train_rollout_logprob_abs_diff`), as it does for vLLM. A second processor counts
 the answers finished and the tokens written while `generate` runs, for the progress bar:
-on a CPU one batch of answers can take minutes.
+on a CPU one batch of answers can take minutes. For the same reason `cancel` is asked after
+every token (a stopping criterion), so that a held-out evaluation stops within seconds.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 
 import torch
 
-from labkit.engines.base import BetweenBatches, Completion, Engine, Sampling
+from labkit.engines.base import BetweenBatches, Cancelled, Completion, Engine, Sampling
 
 
 class _SamplingRecorder:
@@ -80,6 +81,17 @@ class _ProgressCounter:
         return int(finished.sum()), int(first.sum())
 
 
+class _CancelCheck:
+    """Stopping criterion: every row ends at once when `cancel()` says so (asked once a token)."""
+
+    def __init__(self, cancel):
+        self.cancel, self.fired = cancel, False
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        self.fired = self.fired or bool(self.cancel())
+        return torch.full((input_ids.shape[0],), self.fired, dtype=torch.bool, device=input_ids.device)
+
+
 class HFEngine(Engine):
     """Rollouts with `model.generate`, `max_batch` sequences per call (all when None)."""
 
@@ -100,6 +112,8 @@ class HFEngine(Engine):
         for b, start in enumerate(range(0, len(jobs), size)):
             if b and between_batches is not None:
                 between_batches()
+            if self.cancel is not None and self.cancel():
+                raise Cancelled(f"cancelled after {done} of {len(jobs)} answers")
             chunk = jobs[start : start + size]
             seed = None if sampling.seed is None else sampling.seed + b
             counter = None
@@ -129,6 +143,7 @@ class HFEngine(Engine):
         greedy = s.temperature == 0
         recorder = None if greedy else _SamplingRecorder(s.temperature, s.top_p)
         processors = [p for p in (recorder, counter) if p is not None]
+        check = None if self.cancel is None else _CancelCheck(self.cancel)
         if seed is not None:
             torch.manual_seed(seed)
         was_training = model.training
@@ -138,9 +153,12 @@ class HFEngine(Engine):
                 input_ids=ids.to(device), attention_mask=attn.to(device),
                 generation_config=self._generation_config(s, greedy),
                 logits_processor=processors or None,
+                stopping_criteria=[check] if check is not None else None,
             )
         finally:
             model.train(was_training)
+        if check is not None and check.fired:
+            raise Cancelled("cancelled while writing a batch of answers")
         new = seqs[:, width:].cpu()
         logps = None
         if recorder is not None:
