@@ -45,8 +45,10 @@ def graded(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def not_graded(monkeypatch):
-    """Grading off unless a test asks for it (a run under pytest --nbval may have set it)."""
+    """Grading off unless a test asks for it (a run under pytest --nbval may have set it), and
+    no wrong answers remembered from another test."""
     monkeypatch.delenv(exercises.GRADING_ENV, raising=False)
+    exercises.forget_tries()
 
 
 # ====================================================================== check()
@@ -65,14 +67,37 @@ def test_unanswered_prints_a_nudge_and_does_not_raise(capsys):
     assert "rollout_batch_size * 16" not in line  # not the code
 
 
-def test_a_wrong_answer_prints_what_is_wrong_and_the_hint(capsys):
+def test_a_first_wrong_answer_says_what_is_off_and_nudges_without_the_code(capsys):
     check("1.1.2", 16, prompts=32, answers=16)
     out = capsys.readouterr().out
     assert all(len(row) <= 88 for row in out.split("\n"))  # wrapped at words, not by the browser
-    assert any(row.startswith("  Hint: ") for row in out.split("\n")[1:])
     line = flat(out)
     assert line.startswith("Exercise 1.1.2: not yet. 16 is the group size")
+    assert "Look again: the global batch counts every answer of a rollout." in line
+    assert "Hint" not in line and "rollout_batch_size * 16" not in line
+
+
+def test_the_hint_with_the_code_comes_with_another_wrong_answer(capsys):
+    check("1.1.2", 16, prompts=32, answers=16)
+    check("1.1.2", 16, prompts=32, answers=16)  # the same answer again: still no code
+    assert "rollout_batch_size * 16" not in capsys.readouterr().out
+    check("1.1.2", 32, prompts=32, answers=16)  # a second, different wrong answer
+    out = capsys.readouterr().out
+    assert any(row.startswith("  Hint: ") for row in out.split("\n")[1:])
+    line = flat(out)
+    assert line.startswith("Exercise 1.1.2: not yet. 32 is the prompts per rollout")
     assert "recipe.rollout_batch_size * 16" in line
+    check("1.1.1", 5, rewards=torch.zeros(2, 4))  # another exercise starts with the nudge
+    assert "Hint" not in capsys.readouterr().out
+    exercises.forget_tries("1.1.2")
+    check("1.1.2", 64, prompts=32, answers=16)
+    assert "Hint" not in capsys.readouterr().out
+
+
+def test_an_unanswered_check_is_not_a_wrong_try(capsys):
+    check("1.1.2", None, prompts=32, answers=16)
+    check("1.1.2", 16, prompts=32, answers=16)
+    assert "Hint" not in capsys.readouterr().out
 
 
 def test_grading_raises_for_wrong_and_missing_answers(graded, capsys):
@@ -210,6 +235,10 @@ def test_gain_of_one_run(course_runs):
     assert "stops at step 23" in wrong("1.3.2", too_long, runs=runs, run="n8-seed1234")
     assert "8 steps" in wrong("1.3.2", reward.loc[16:22].mean() - reward.loc[0:6].mean(),
                               runs=runs, run="n8-seed1234")
+    assert "early window includes step 8" in wrong(
+        "1.3.2", reward.loc[16:23].mean() - reward.loc[0:8].mean(), runs=runs, run="n8-seed1234")
+    assert "late window includes step 15" in wrong(
+        "1.3.2", reward.loc[15:23].mean() - reward.loc[0:7].mean(), runs=runs, run="n8-seed1234")
     assert "no run named" in wrong("1.3.2", 0.1, runs=course_runs, run="n3-nope")
 
 
