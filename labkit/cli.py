@@ -380,8 +380,8 @@ def students(a: argparse.Namespace) -> int:
             for line in problems:
                 print(line)
             if problems:
-                print(f"the students' copies are out of date; run: labkit students {src}"
-                      + (f" --out {a.out}" if a.out else ""), file=sys.stderr)
+                print(f"the students' copies differ from what the lessons give; run: labkit "
+                      f"students {src}" + (f" --out {a.out}" if a.out else ""), file=sys.stderr)
                 return 1
             print(f"students' copies up to date ({len(student_texts(src))} notebooks)")
             return 0
