@@ -466,3 +466,15 @@ def test_a_run_killed_in_its_first_step_resumes_from_step_0_logging_each_sample_
     resumed = train(tiny_cfg, resume=run_dir)
     assert resumed.metrics[STEP].tolist() == [0, 1]
     assert resumed.samples.groupby(STEP).size().tolist() == [8, 8]
+
+
+def test_a_stop_before_the_first_step_says_so_not_after_step_minus_one(tiny_cfg, capsys):
+    from labkit.stopping import StopController
+
+    stopper = StopController(None)
+    stopper.request_stop("SIGINT", kind="signal")  # a press of ■ while the model loads
+    run = train(tiny_cfg.replace(run_name="stopped-early"), stopper=stopper)
+    assert run.status["reason"] == "signal" and run.status["last_step"] == -1
+    out = capsys.readouterr().out
+    assert "run stopped (signal: SIGINT) before its first step; log in" in out
+    assert "step -1" not in out
