@@ -33,6 +33,7 @@ from labkit.metrics import STEP
 from labkit.runlog import CONFIG, HEAT, METRICS, STATUS, read_jsonl
 
 REWARD = "rollout/raw_reward"
+RIGHT = "rollout/right_frac"  # the share of answers that got the full reward: the right ones
 ROLLOUT_TIME = "perf/rollout_time"
 TOKENS = "rollout/tokens"
 RESPONSE_LEN = "rollout/response_len/mean"
