@@ -182,3 +182,19 @@ def test_a_custom_reward_file_that_is_not_there_is_refused_before_loading(tmp_pa
         config_from_args(["--custom-rm-path", f"{tmp_path}/nope.py:score"], env={})
     with pytest.raises(ConfigError, match="use package.module:function"):
         config_from_args(["--custom-rm-path", "no_colon"], env={})
+
+
+def test_local_copies_of_the_recipes_model_and_data_come_from_the_environment(monkeypatch, tmp_path):
+    assert (RunConfig().model, RunConfig().data) == ("Qwen/Qwen2.5-0.5B-Instruct", "gsm8k")
+    model, data = tmp_path / "qwen.gguf", tmp_path / "gsm8k"
+    monkeypatch.setenv("LABKIT_MODEL", str(model))
+    monkeypatch.setenv("LABKIT_DATA", str(data))
+    assert (RunConfig().model, RunConfig().data) == (str(model), str(data))
+    assert (config_from_args([]).model, config_from_args([]).data) == (str(model), str(data))
+    # a flag, a field or a preset that names its own model and data still wins
+    assert config_from_args(["--model", "smollm2", "--data", "synthetic"]).model == "smollm2"
+    assert RunConfig(data="synthetic").data == "synthetic"
+    cpu = RunConfig.preset("cpu")
+    assert (cpu.model, cpu.data) == ("smollm2", "synthetic")
+    monkeypatch.setenv("LABKIT_MODEL", " ")  # set but blank: the recipe's own
+    assert RunConfig().model == "Qwen/Qwen2.5-0.5B-Instruct"

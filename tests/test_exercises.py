@@ -666,3 +666,28 @@ def test_plain_warnings_drop_the_path():
         assert shown == "UserWarning: odd\n"
     finally:
         warnings.formatwarning = saved
+
+
+def test_the_gpu_profile_takes_local_copies_and_the_miles_script_names_the_hub_model(
+        monkeypatch, tmp_path, capsys):
+    from labkit.miles import render_script
+
+    model, data = tmp_path / "qwen2.5-coder-0.5b-q4_k_m.gguf", tmp_path / "gsm8k"
+    monkeypatch.setenv("LABKIT_MODEL", str(model))
+    monkeypatch.setenv("LABKIT_DATA", str(data))
+    gpu = profiles.config("gpu")
+    assert (gpu.model, gpu.data) == (str(model), str(data))
+    assert profiles.config("cpu").model == "smollm2"  # the CPU profile is offline already
+    assert profiles.describe("gpu") == (
+        f"the recipe: {model} ($LABKIT_MODEL) on {data} ($LABKIT_DATA), 32 prompts x 8 "
+        f"answers, at most 1024 tokens, 24 steps")
+    for profile in ("gpu", "cpu"):
+        shown = profiles.miles_config(profile)
+        note = flat(capsys.readouterr().out)
+        assert shown.model == "Qwen/Qwen2.5-0.5B-Instruct" and shown.data == str(data)
+        assert note.startswith(f"note: this machine's runs train {model}; the script names "
+                               f"the recipe's Qwen/Qwen2.5-0.5B-Instruct")
+        assert "hf download Qwen/Qwen2.5-0.5B-Instruct" in render_script(shown, explicit=[])
+    monkeypatch.delenv("LABKIT_MODEL")
+    assert profiles.miles_config("gpu").model == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert capsys.readouterr().out == ""  # the hub model itself: no note

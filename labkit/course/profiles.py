@@ -9,6 +9,11 @@ can be graded. The first cell of
 each notebook is `PROFILE = labkit.course.profiles.pick()`: the GPU when there is one, else the
 CPU, and the environment variable LABKIT_PROFILE overrides both.
 
+On a GPU box without the hub, LABKIT_MODEL and LABKIT_DATA (labkit.config) name local
+copies of the recipe's model (a folder or a GGUF) and of GSM8K; the `gpu` profile, made
+from the recipe, uses them, and says so. miles trains a Hugging Face checkpoint, so lesson
+1.1's miles script names the recipe's hub model then (`miles_config`).
+
 The lessons also need to find the course's data from wherever the notebook is opened
 (notebooks/ or notebooks/students/): the raw runs (data/runs, or LABKIT_RUNS_DIR, which
 is how tests and CI point a lesson at constructed runs) and the recorded 503 incident
@@ -21,7 +26,8 @@ import os
 from pathlib import Path
 from typing import Mapping, Optional
 
-from labkit.config import EMBEDDED_MODEL, RECIPE_MODEL, ConfigError, RunConfig
+from labkit.config import (DATA_ENV, EMBEDDED_MODEL, MODEL_ENV, RECIPE_MODEL, ConfigError,
+                           RunConfig)
 
 PROFILE_ENV = "LABKIT_PROFILE"
 RUNS_ENV = "LABKIT_RUNS_DIR"
@@ -70,16 +76,36 @@ def pick(env: Optional[Mapping[str, str]] = None, *, gpu: Optional[bool] = None,
     return name
 
 
-def describe(profile: str) -> str:
-    """What a profile's launch runs, read from its preset (so the text follows the preset)."""
+def describe(profile: str, env: Optional[Mapping[str, str]] = None) -> str:
+    """What a profile's launch runs, read from its preset (so the text follows the preset),
+    naming a local copy set by LABKIT_MODEL or LABKIT_DATA (`env`, default os.environ)."""
     cfg = RunConfig.preset(PROFILES[profile])
+    env = os.environ if env is None else env
     model = {RECIPE_MODEL: RECIPE_MODEL, EMBEDDED_MODEL: "SmolLM2-135M (embedded)"}.get(
         cfg.model, cfg.model)
+    if cfg.model == (env.get(MODEL_ENV) or "").strip():
+        model = f"{cfg.model} (${MODEL_ENV})"
     data = "made-up problems" if cfg.data == "synthetic" else cfg.data
+    if cfg.data == (env.get(DATA_ENV) or "").strip():
+        data = f"{cfg.data} (${DATA_ENV})"
     steps = f"{cfg.num_rollout} step{'s' if cfg.num_rollout != 1 else ''}"
     return (f"{'the recipe: ' if profile == 'gpu' else ''}{model} on {data}, "
             f"{cfg.rollout_batch_size} prompts x {cfg.n_samples_per_prompt} answers, "
             f"at most {cfg.rollout_max_response_len} tokens, {steps}")
+
+
+def miles_config(profile: str) -> RunConfig:
+    """The config lesson 1.1 shows as a miles script: the `gpu` profile's run, or the recipe
+    on the `cpu` profile, with the recipe's hub model in place of a model miles cannot
+    take as it is (a local copy set by LABKIT_MODEL, a GGUF, the embedded model); then
+    prints a note that says so."""
+    cfg = config(profile) if profile == "gpu" else RunConfig.preset(PROFILES["gpu"])
+    if cfg.model == RECIPE_MODEL:
+        return cfg
+    print(f"note: this machine's runs train {cfg.model}; the script names the recipe's "
+          f"{RECIPE_MODEL}, the Hugging Face checkpoint miles trains (put a copy where "
+          f"HF_CHECKPOINT says, or set HF_CHECKPOINT)")
+    return cfg.replace(model=RECIPE_MODEL)
 
 
 def plain_warnings() -> None:
