@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
+import labkit
 from labkit.cli import main as labkit_main
 from labkit.course import exercises, profiles, students
 from labkit.serving.client import RetryPolicy
@@ -691,3 +692,19 @@ def test_the_gpu_profile_takes_local_copies_and_the_miles_script_names_the_hub_m
     monkeypatch.delenv("LABKIT_MODEL")
     assert profiles.miles_config("gpu").model == "Qwen/Qwen2.5-0.5B-Instruct"
     assert capsys.readouterr().out == ""  # the hub model itself: no note
+
+
+def test_checkpoints_lists_the_run_folders_that_keep_one(tmp_path, tiny_cfg):
+    from labkit.stopping import StopController
+
+    stopper = StopController(None)
+    original = stopper.record_step
+    stopper.record_step = lambda s: (original(s), stopper.request_stop("SIGINT", "signal"))
+    labkit.launch(tiny_cfg.replace(run_name="done", num_rollout=1))
+    from labkit.trainer import train
+
+    train(tiny_cfg.replace(run_name="stopped"), stopper=stopper)  # ■ during step 0
+    kept = profiles.checkpoints(Path(tiny_cfg.output_dir))
+    assert kept["run"].tolist() == ["stopped"] and kept["after step"].tolist() == [0]
+    assert kept["GB"].iat[0] >= 0 and kept["delete to free it"].iat[0].endswith("stopped/checkpoint")
+    assert profiles.checkpoints(tmp_path / "nothing-here").empty

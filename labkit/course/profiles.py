@@ -144,6 +144,30 @@ def _near(path: Path) -> Path:
     return path
 
 
+def checkpoints(folder: Optional[Path] = None):
+    """The checkpoints kept in the run folders under `folder` (default: the repository's runs/,
+    where the lessons write): a DataFrame with one row per run folder that holds one, its
+    step, its size in GB and the folder to delete when the run need not resume. A completed
+    run keeps none; a run stopped with ■ keeps one (1.6 GB on the CPU profile)."""
+    import pandas as pd
+
+    from labkit.checkpoint import latest_checkpoint
+    from labkit.runlog import CHECKPOINT, RunLogError
+
+    folder = Path(folder) if folder is not None else _near(course_root() / "runs")
+    rows = []
+    for run_dir in sorted(p.parent for p in folder.glob(f"*/{CHECKPOINT}") if p.is_dir()):
+        files = [f for f in (run_dir / CHECKPOINT).rglob("*") if f.is_file()]
+        try:
+            found = latest_checkpoint(run_dir)
+        except RunLogError:
+            found = None
+        rows.append({"run": run_dir.name, "after step": found[0] if found else None,
+                     "GB": round(sum(f.stat().st_size for f in files) / 1e9, 2),
+                     "delete to free it": str(run_dir / CHECKPOINT)})
+    return pd.DataFrame(rows, columns=["run", "after step", "GB", "delete to free it"])
+
+
 # ------------------------------------------------------------------ where the data lives
 def course_root(start: Optional[Path] = None) -> Path:
     """The repository folder: the first of `start` (default: the working folder) and its
