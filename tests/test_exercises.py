@@ -708,3 +708,27 @@ def test_checkpoints_lists_the_run_folders_that_keep_one(tmp_path, tiny_cfg):
     assert kept["run"].tolist() == ["stopped"] and kept["after step"].tolist() == [0]
     assert kept["GB"].iat[0] >= 0 and kept["delete to free it"].iat[0].endswith("stopped/checkpoint")
     assert profiles.checkpoints(tmp_path / "nothing-here").empty
+
+
+def test_after_step_presses_once_a_new_run_logged_the_step(tiny_cfg, capsys):
+    import os
+    import signal
+
+    from labkit.trainer import train
+
+    labkit.launch(tiny_cfg.replace(run_name="before", num_rollout=1))  # there before: ignored
+    cfg = tiny_cfg.replace(run_name="pressed", num_rollout=3)
+    press = profiles.after_step(cfg, 0, os.kill, os.getpid(), signal.SIGINT)  # ■ after step 0
+    press.start()
+    stopped = train(cfg)
+    press.cancel()
+    assert press.called
+    # the press lands during step 1 (or, on a fast machine, between steps): a clean stop
+    assert stopped.status["reason"] == "signal" and stopped.status["last_step"] in (0, 1)
+    resumed = train(cfg, resume=stopped.dir)
+    assert resumed.metrics["rollout/step"].tolist() == [0, 1, 2]
+    idle = profiles.after_step(cfg, 0, pytest.fail, "called after cancel")
+    idle.start()
+    idle.cancel()
+    idle.join(timeout=30)
+    assert not idle.is_alive() and not idle.called

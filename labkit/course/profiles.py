@@ -23,6 +23,7 @@ is how tests and CI point a lesson at constructed runs) and the recorded 503 inc
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Mapping, Optional
 
@@ -142,6 +143,50 @@ def _near(path: Path) -> Path:
     if here == root or root in here.parents:
         return Path(os.path.relpath(path, here))
     return path
+
+
+class AfterStep(threading.Thread):
+    """Calls `function(*args)` once a new run under `output_dir` has logged step `step`, from a
+    thread: lesson 1.1 presses ■ (SIGINT to its own kernel) this way, in the middle of a run
+    whatever the machine's pace, and never while the model is still loading. `cancel()`
+    (after the run) keeps it from calling at all."""
+
+    def __init__(self, output_dir, step: int, function, *args, poll_s: float = 0.2):
+        super().__init__(daemon=True)
+        self.output_dir, self.step, self.poll_s = Path(output_dir), step, poll_s
+        self.function, self.args = function, args
+        self.finished = threading.Event()
+        self.called = False
+        self._old = set(self._runs())
+
+    def _runs(self) -> list[Path]:
+        return [p for p in self.output_dir.glob("*") if p.is_dir()] \
+            if self.output_dir.is_dir() else []
+
+    def _logged(self, run_dir: Path) -> bool:
+        from labkit.runlog import METRICS
+
+        try:
+            lines = (run_dir / METRICS).read_text().splitlines()
+        except OSError:
+            return False
+        return len([line for line in lines if line.strip()]) > self.step
+
+    def run(self) -> None:
+        while not self.finished.wait(self.poll_s):  # wakes at once on cancel()
+            if any(self._logged(p) for p in self._runs() if p not in self._old):
+                self.finished.set()
+                self.called = True
+                self.function(*self.args)
+
+    def cancel(self) -> None:
+        self.finished.set()
+
+
+def after_step(cfg: RunConfig, step: int, function, *args) -> AfterStep:
+    """A thread (not started) that calls `function(*args)` once a run of `cfg` started from now
+    on has logged step `step` (see AfterStep); `start()` it before the launch."""
+    return AfterStep(cfg.output_dir, step, function, *args)
 
 
 def checkpoints(folder: Optional[Path] = None):
