@@ -36,11 +36,11 @@ from labkit.analysis.runframe import (CONFIG_COLUMNS, CONSTRUCTED, HEAT_CLEAN, M
                                       ROLLOUT_TIME, TOKENS, ZERO_STD, AnalysisError, PathLike,
                                       Runs, as_runs,
                                       find_sources, is_constructed, load_runs, metric_values,
-                                      steps_text)
+                                      steps_text, with_steps)
 
 __all__ = [
     # loading (labkit.analysis.runframe)
-    "load_runs", "find_sources", "as_runs", "metric_values", "AnalysisError", "Runs", "PathLike", "steps_text",
+    "load_runs", "with_steps", "find_sources", "as_runs", "metric_values", "AnalysisError", "Runs", "PathLike", "steps_text",
     "is_constructed", "CONSTRUCTED",
     "STEP", "REWARD", "RIGHT", "ROLLOUT_TIME", "TOKENS", "RESPONSE_LEN", "ZERO_STD", "HEAT_CLEAN",
     "CONFIG_COLUMNS", "METRIC_FALLBACK", "MILES_LOG", "MILES_INFO",

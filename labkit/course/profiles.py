@@ -137,6 +137,22 @@ def config(profile: str, **changes) -> RunConfig:
     return RunConfig.preset(PROFILES[profile], **values).check()
 
 
+# Lesson 1.3's rerun cell: the group sizes it runs side by side (GPU) or one after another (CPU)
+RERUN_ANSWERS: dict[str, tuple[int, ...]] = {"cpu": (2, 8), "gpu": (4, 8, 16)}
+
+
+def rerun_configs(profile: str, answers: Optional[tuple[int, ...]] = None) -> list[RunConfig]:
+    """The configs of lesson 1.3's rerun cell: the profile's run with `answers` answers per
+    prompt (default RERUN_ANSWERS: 2 and 8 on a CPU, 4, 8 and 16 on a GPU), each with the
+    matching --global-batch-size (one optimizer step per rollout) and a fixed run name,
+    `rerun-<profile>-n<answers>`, so that launching them again with resume=True continues
+    what a stop left (labkit.launch_many)."""
+    base = config(profile)
+    return [base.replace(n_samples_per_prompt=n, global_batch_size=base.rollout_batch_size * n,
+                         run_name=f"rerun-{profile}-n{n}").check()
+            for n in (answers or RERUN_ANSWERS[profile])]
+
+
 def _near(path: Path) -> Path:
     """`path` relative to the working folder when both are inside the repository, else as is."""
     root, here = course_root(), Path.cwd().resolve()
