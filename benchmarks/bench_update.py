@@ -11,10 +11,15 @@ few at the 1024 cap), so the work per variant is what a real step does:
 * `one_pass`: micro-batches of 8, old log-probs taken from the training pass (one step
   per rollout makes them equal);
 * `dynamic_<T>`: one pass, micro-batches filled up to T padded tokens
-  (`--use-dynamic-batch-size --max-tokens-per-gpu T`).
+  (`--use-dynamic-batch-size --max-tokens-per-gpu T`);
+* `full_logits_<T>`: as `dynamic_<T>`, but the answers' log-probs taken from the model's
+  full logits instead of labkit.logprobs' chunked head (what the chunks save).
 
-Each variant: one warm-up update, then --repeats timed ones (synchronised), and the peak
-GPU memory of its updates.
+Each variant: one warm-up update, then --repeats timed ones (synchronised), the peak GPU
+memory of its updates, and the padded tokens its micro-batches hold. The update's time does
+not depend on the weights, so `--model random:qwen2.5-0.5b` builds the recipe's architecture
+with random weights (nothing to download or carry). Run it under an older checkout
+(PYTHONPATH) to time that checkout's update on the same rollout.
 
     python benchmarks/bench_update.py --model PATH --samples 256 --out bench_update.json
 """
@@ -29,9 +34,55 @@ import time
 
 import torch
 
+import contextlib
+
+from labkit import actor
 from labkit.actor import compute_logprobs, make_optimizer, pack_rollout, train_on_rollout
 from labkit.config import RunConfig
 from labkit.models import load_policy, resolve_model
+
+# Qwen2.5-0.5B-Instruct's architecture (its config.json), for a model of random weights.
+QWEN25_05B = dict(vocab_size=151_936, hidden_size=896, intermediate_size=4_864, num_hidden_layers=24,
+                  num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32_768,
+                  rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+
+
+def load_model(name: str, device):
+    """A checkpoint (labkit's --model forms), or `random:qwen2.5-0.5b`: float32 master weights."""
+    if name == "random:qwen2.5-0.5b":
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        torch.manual_seed(0)
+        return Qwen2ForCausalLM(Qwen2Config(**QWEN25_05B)).float().to(device)
+    return load_policy(resolve_model(name), torch.float32, device)
+
+
+def padded_tokens(batch, cfg) -> int:
+    """Tokens the update's passes hold, padding included (this checkout's layout)."""
+    idx = actor._longest_first(batch, torch.arange(batch.size))
+    parts = actor.micro_batches(batch, idx, max_samples=cfg.micro_batch_size,
+                                max_tokens=cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else None)
+    total = 0
+    for part in parts:
+        rows = actor._micro_batch(batch, part, "cpu")
+        total += int(rows.ids.numel() if hasattr(rows, "ids") else rows[0].numel())
+    return total
+
+
+@contextlib.contextmanager
+def full_logits():
+    """The answers' log-probs from the model's full logits (labkit.logprobs' head switched off)."""
+    try:
+        from labkit import logprobs
+    except ImportError:  # an older checkout: it has only that path
+        yield
+        return
+    keep = actor.lm_head_weight
+    actor.lm_head_weight = lambda model: None
+    try:
+        yield
+    finally:
+        actor.lm_head_weight = keep
 
 
 def made_up_rollout(samples: int, vocab: int, max_len: int, seed: int):
@@ -47,7 +98,8 @@ def made_up_rollout(samples: int, vocab: int, max_len: int, seed: int):
     return pack_rollout(prompts, answers, adv, [None] * samples, pad_id=0)
 
 
-def time_variant(model, optimizer, cfg, batch, *, separate_old: bool, autocast, repeats: int):
+def time_variant(model, optimizer, cfg, batch, *, separate_old: bool, autocast, repeats: int,
+                 profile: bool = False):
     seconds, micro = [], 0
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
@@ -66,6 +118,15 @@ def time_variant(model, optimizer, cfg, batch, *, separate_old: bool, autocast, 
         if k:
             seconds.append(time.perf_counter() - start)
         micro = stats["train/micro_batches"]
+    if profile and torch.cuda.is_available():
+        from torch.profiler import ProfilerActivity, profile as torch_profile
+
+        batch.old_logprobs = None
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            train_on_rollout(model, optimizer, batch, cfg, generator=torch.Generator().manual_seed(0),
+                             autocast=autocast)
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18), flush=True)
     peak = reserved = None
     if torch.cuda.is_available():  # allocated by tensors; reserved by torch's caching allocator
         peak = torch.cuda.max_memory_allocated() / 2**30
@@ -78,20 +139,21 @@ def time_variant(model, optimizer, cfg, batch, *, separate_old: bool, autocast, 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True, help="local HF folder, GGUF file, or 'smollm2'")
+    p.add_argument("--model", required=True,
+                   help="local HF folder, GGUF file, 'smollm2', or random:qwen2.5-0.5b")
     p.add_argument("--samples", type=int, default=256, help="prompts x answers (the global batch)")
     p.add_argument("--max-len", type=int, default=1024)
     p.add_argument("--budgets", default="8192,16384", help="token budgets of the dynamic variants")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--dynamic-only", action="store_true",
                    help="only the token-budget variants (the memory/time curve)")
+    p.add_argument("--full-logits", default="", help="token budgets of the full-logits variants")
+    p.add_argument("--profile", action="store_true", help="print the top GPU ops of each variant")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_policy(resolve_model(a.model), torch.float32, device)
+    model = load_model(a.model, device)
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else None
-    import contextlib
-
     autocast = autocast or contextlib.nullcontext
     optimizer = make_optimizer(model, RunConfig())
     batch = made_up_rollout(a.samples, model.config.vocab_size, a.max_len, seed=0)
@@ -101,17 +163,21 @@ def main() -> int:
     variants = {} if a.dynamic_only else {
         "before": (base.replace(use_dynamic_batch_size=False), True),
         "one_pass": (base.replace(use_dynamic_batch_size=False), False)}
-    for t in a.budgets.split(","):
+    for t in filter(None, a.budgets.split(",")):
         variants[f"dynamic_{t}"] = (base.replace(max_tokens_per_gpu=int(t)), False)
+    for t in filter(None, a.full_logits.split(",")):
+        variants[f"full_logits_{t}"] = (base.replace(max_tokens_per_gpu=int(t)), False)
     result = {"machine": {"python": platform.python_version(), "torch": torch.__version__,
                           "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"},
               "samples": a.samples, "answer_tokens": tokens, "variants": {},
               "card_gib": (torch.cuda.get_device_properties(0).total_memory / 2**30
                            if device.type == "cuda" else None)}
     for name, (cfg, separate) in variants.items():
-        r = time_variant(model, optimizer, cfg, batch, separate_old=separate, autocast=autocast,
-                         repeats=a.repeats)
+        with full_logits() if name.startswith("full_logits") else contextlib.nullcontext():
+            r = time_variant(model, optimizer, cfg, batch, separate_old=separate, autocast=autocast,
+                             repeats=a.repeats, profile=a.profile)
         r["answer_tokens_per_s"] = tokens / r["median_s"]
+        r["padded_tokens"] = padded_tokens(batch, cfg)
         result["variants"][name] = r
         print(name, json.dumps(r), flush=True)
     if a.out:

@@ -3,6 +3,8 @@
     import labkit
     cfg = labkit.RunConfig.preset("cpu", n_samples_per_prompt=4, global_batch_size=16)
     run = labkit.launch(cfg)      # a Run: run.dir, run.metrics (DataFrame), run.status
+    runs = labkit.launch_many([cfg.replace(n_samples_per_prompt=n, global_batch_size=4 * n)
+                               for n in (2, 8)])   # side by side on a GPU, in turn on a CPU
     labkit.close()                # release the model and engine kept for the next launch
 """
 
@@ -17,6 +19,15 @@ def launch(config: RunConfig, *, resume=None) -> Run:
     from labkit.trainer import train
 
     return train(config, resume=resume)
+
+
+def launch_many(configs, *, resume: bool = False) -> list[Run]:
+    """Run several configs: side by side on one GPU (a process each, after checking that they
+    fit in its memory), one after another without one. One stop stops them all after their
+    step; `resume=True` continues named runs. Returns the Runs (labkit.sweep)."""
+    from labkit.sweep import launch_many as _launch_many
+
+    return _launch_many(configs, resume=resume)
 
 
 def close() -> None:
@@ -34,4 +45,4 @@ def close() -> None:
     print(f"labkit: {what}{memory}", flush=True)
 
 
-__all__ = ["ConfigError", "Run", "RunConfig", "close", "launch", "__version__"]
+__all__ = ["ConfigError", "Run", "RunConfig", "close", "launch", "launch_many", "__version__"]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from labkit.grpo import policy_loss, token_entropy, token_logprobs
+from labkit.logprobs import chunked_logprobs, lm_head_weight
 
 
 @dataclass
@@ -78,55 +79,89 @@ def micro_batches(batch: RolloutBatch, idx: torch.Tensor, *, max_samples: int,
     """Split the samples `idx` (in order) into micro-batches.
 
     Fixed: `max_samples` samples each. Dynamic (`max_tokens` given): add samples while the
-    padded micro-batch (rows x (longest prompt + longest answer)) stays within `max_tokens`;
+    padded micro-batch (rows x its longest prompt + answer) stays within `max_tokens`;
     a sample longer than the budget goes alone. Sort `idx` by length first to cut padding.
     """
     if max_tokens is None:
         return [idx[i : i + max_samples] for i in range(0, len(idx), max_samples)]
-    prompt_len = batch.attention_mask[:, : batch.prompt_width].sum(dim=1)
-    answer_len = batch.response_mask.sum(dim=1).long()
-    out, cur, wide_p, wide_r = [], [], 0, 0
+    lengths = sample_lengths(batch)
+    out, cur, width = [], [], 0
     for i in idx.tolist():
-        p, r = max(wide_p, int(prompt_len[i])), max(wide_r, int(answer_len[i]))
-        if cur and (len(cur) + 1) * (p + r) > max_tokens:
+        wide = max(width, int(lengths[i]))
+        if cur and (len(cur) + 1) * wide > max_tokens:
             out.append(torch.tensor(cur, dtype=torch.long))
-            cur, p, r = [], int(prompt_len[i]), int(answer_len[i])
+            cur, wide = [], int(lengths[i])
         cur.append(i)
-        wide_p, wide_r = p, r
+        width = wide
     if cur:
         out.append(torch.tensor(cur, dtype=torch.long))
     return out
 
 
-def _micro_batch(batch: RolloutBatch, idx: torch.Tensor, device):
-    """Slice samples `idx`, cut the padding columns they all share, move to `device`."""
-    attn = batch.attention_mask[idx]
-    rmask = batch.response_mask[idx]
+def _micro_batch(batch: RolloutBatch, idx: torch.Tensor, device) -> "_Rows":
+    """Samples `idx` as right-padded rows of prompt + answer, on `device`.
+
+    A row holds its prompt and its answer back to back and padding only at its end, so the
+    width is the longest prompt + answer of the micro-batch (the packed batch's layout pads
+    to the longest prompt plus the longest answer), and a causal model needs no attention
+    mask: no real token ever looks at a later (padding) position."""
     p = batch.prompt_width
-    first = int(attn[:, :p].float().argmax(dim=1).min()) if p else 0  # leftmost prompt token
-    r = int(rmask.sum(dim=1).max().clamp(min=1))
-    cols = slice(first, p + r)
-    ids, attn = batch.input_ids[idx, cols], attn[:, cols]
-    pos = (attn.cumsum(dim=1) - 1).clamp(min=0)
-    return (ids.to(device), attn.to(device), pos.to(device), rmask[:, :r].to(device), r)
+    prompt_len = batch.attention_mask[idx, :p].sum(dim=1)
+    answer_len = batch.response_mask[idx].sum(dim=1).long()
+    r = int(answer_len.max().clamp(min=1))
+    width = int((prompt_len + answer_len).max())
+    cols = torch.arange(width)
+    src = (p - prompt_len)[:, None] + cols[None, :]  # the packed column of each row's token
+    real = cols[None, :] < (prompt_len + answer_len)[:, None]
+    ids = batch.input_ids[idx].gather(1, src.clamp(max=batch.input_ids.shape[1] - 1))
+    ids = torch.where(real, ids, torch.zeros_like(ids))
+    rmask = batch.response_mask[idx, :r]
+    rows, k = rmask.nonzero(as_tuple=True)  # answer token k of row `rows`...
+    at = prompt_len[rows] + k - 1  # ...is predicted by the hidden state just before it
+    return _Rows(ids.to(device), cols.expand(len(idx), -1).to(device), rmask.to(device), r,
+                 rows.to(device), k.to(device), at.to(device))
 
 
-def _forward_logprobs(model, ids, attn, pos, r, temperature, autocast, entropy=None):
-    """Log-probs of the last r tokens of each row (the answer), and entropies if asked.
+@dataclass
+class _Rows:
+    """One micro-batch as the model sees it, and where its answer tokens are."""
+
+    ids: torch.Tensor  # [B, W] prompt + answer, right-padded
+    positions: torch.Tensor  # [B, W]
+    rmask: torch.Tensor  # [B, r] 1 on answer tokens
+    r: int  # the longest answer
+    rows: torch.Tensor  # [T] the row of each answer token
+    col: torch.Tensor  # [T] its place in the answer
+    at: torch.Tensor  # [T] the position whose hidden state predicts it
+
+    def targets(self) -> torch.Tensor:
+        return self.ids[self.rows, self.at + 1]
+
+    def spread(self, flat: torch.Tensor) -> torch.Tensor:
+        """[T] per answer token -> [B, r], zeros off the answers."""
+        return flat.new_zeros(self.rmask.shape).index_put((self.rows, self.col), flat)
+
+
+def _forward_logprobs(model, mb: "_Rows", temperature, autocast, entropy=None):
+    """Log-probs [B, r] of the answer tokens of each row, and entropies if asked.
 
     `entropy`: None (skip), "stat" (measured without gradient), "loss" (with gradient).
+    With a plain LM head (labkit.logprobs.lm_head_weight) only the answers' hidden states go
+    through it, a chunk at a time: no [tokens x vocabulary] logits are ever whole. Otherwise
+    the model's full logits are taken (the reference path the tests compare against).
     """
+    weight = lm_head_weight(model)
     with autocast():
-        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=r + 1)
-    logits = out.logits[:, :-1]  # position t predicts token t + 1
-    lp = token_logprobs(logits, ids[:, -r:], temperature)
-    ent = None
-    if entropy == "loss":
-        ent = token_entropy(logits, temperature)
-    elif entropy == "stat":
-        with torch.no_grad():
-            ent = token_entropy(logits.detach(), temperature)
-    return lp, ent
+        if weight is not None:
+            hidden = model.base_model(input_ids=mb.ids, position_ids=mb.positions).last_hidden_state
+            lp, ent = chunked_logprobs(hidden[mb.rows, mb.at], weight, mb.targets(), temperature)
+        else:
+            logits = model(input_ids=mb.ids, position_ids=mb.positions).logits[mb.rows, mb.at]
+            lp = token_logprobs(logits, mb.targets(), temperature)
+            ent = token_entropy(logits, temperature) if entropy else None
+    if entropy == "stat" and ent is not None:
+        ent = ent.detach()
+    return mb.spread(lp), (mb.spread(ent) if entropy and ent is not None else None)
 
 
 @torch.no_grad()
@@ -137,14 +172,19 @@ def compute_logprobs(model, batch: RolloutBatch, *, micro_batch_size: int, tempe
     out = torch.zeros_like(batch.response_mask)
     order = _longest_first(batch, torch.arange(batch.size))
     for idx in micro_batches(batch, order, max_samples=micro_batch_size, max_tokens=max_tokens):
-        ids, attn, pos, rmask, r = _micro_batch(batch, idx, device)
-        lp, _ = _forward_logprobs(model, ids, attn, pos, r, temperature, autocast)
-        out[idx, :r] = (lp * rmask).float().cpu()
+        mb = _micro_batch(batch, idx, device)
+        lp, _ = _forward_logprobs(model, mb, temperature, autocast)
+        out[idx, : mb.r] = lp.float().cpu()
     return out
 
 
+def sample_lengths(batch: RolloutBatch) -> torch.Tensor:
+    """Tokens of each sample, prompt and answer: its width in a micro-batch."""
+    return batch.attention_mask.sum(dim=1)
+
+
 def _longest_first(batch: RolloutBatch, idx: torch.Tensor) -> torch.Tensor:
-    lengths = batch.response_mask.sum(dim=1)
+    lengths = sample_lengths(batch)
     return idx[torch.argsort(lengths[idx], descending=True, stable=True)]
 
 
@@ -177,8 +217,9 @@ def train_on_rollout(model, optimizer, batch: RolloutBatch, cfg, *, generator: t
         denom = float(len(idx)) if seq_mean else float(lengths[idx].sum().clamp(min=1))
         optimizer.zero_grad(set_to_none=True)
         for mb in micro_batches(batch, idx, max_samples=cfg.micro_batch_size, max_tokens=max_tokens):
-            ids, attn, pos, rmask, r = _micro_batch(batch, mb, device)
-            lp, ent = _forward_logprobs(model, ids, attn, pos, r, cfg.rollout_temperature, autocast,
+            rows = _micro_batch(batch, mb, device)
+            rmask, r = rows.rmask, rows.r
+            lp, ent = _forward_logprobs(model, rows, cfg.rollout_temperature, autocast,
                                         entropy="loss" if cfg.entropy_coef > 0 else "stat")
             if fused:
                 batch.old_logprobs[mb, :r] = (lp.detach() * rmask).float().cpu()

@@ -5,6 +5,7 @@
     labkit launch --preset cpu                      # the embedded offline default (SmolLM2, CPU)
     labkit launch --resume runs/<name>              # continue a stopped run
     labkit launch --backend miles --dry-run         # print the same recipe as a miles command
+    labkit sweep --n-samples-per-prompt 4,8,16 --seed 1,2   # six runs, side by side on a GPU
     labkit compare data/runs/n*-lr1e-6-*            # the group-size table and plots
     labkit replay data/incidents/<log>.jsonl        # 503 bursts through the watchdog
     labkit serve --engines 2                        # engines behind a router, on loopback
@@ -22,6 +23,7 @@ import argparse
 import json
 import signal
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -44,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     launch = sub.add_parser("launch", add_help=False,
                             help="train with GRPO: the recipe's flags (labkit launch --help)")
     launch.add_argument("argv", nargs=argparse.REMAINDER)
+    sweep = sub.add_parser("sweep", add_help=False,
+                           help="several runs from one command: launch's flags, a comma-separated "
+                                "value runs each (side by side on a GPU)")
+    sweep.add_argument("argv", nargs=argparse.REMAINDER)
+    sub.add_parser("launch-config").add_argument("file")  # a sweep's run (labkit.sweep)
     _compare_flags(sub.add_parser("compare", help="the group-size table and plots of run folders"))
     _replay_flags(sub.add_parser("replay", help="a client log's 503 bursts through the watchdog"))
     _serve_flags(sub.add_parser("serve", help="vLLM engines behind a router, on loopback"))
@@ -176,12 +183,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv:
         parser.print_help()
         return 2
-    if argv[0] == "launch":  # its own parser: miles' env vars are applied around the flags
+    if argv[0] in ("launch", "sweep"):  # own parsers: miles' env vars apply around the flags
         rest = [a for a in argv[1:] if a != "--debug"]
-        return _guarded("launch", launch, rest, debug or len(rest) < len(argv) - 1)
+        command = launch if argv[0] == "launch" else sweep
+        return _guarded(argv[0], command, rest, debug or len(rest) < len(argv) - 1)
     args = parser.parse_args(argv)
     commands = {"compare": compare, "replay": replay, "serve": serve, "students": students,
-                "fake-engine": fake_engine}
+                "fake-engine": fake_engine, "launch-config": launch_config}
     return _guarded(args.command, commands[args.command], args, debug)
 
 
@@ -245,6 +253,48 @@ def launch(argv: list[str]) -> int:
     _say_batch(cfg)
     from labkit.trainer import train
 
+    return _ended(train(cfg))
+
+
+def sweep(argv: list[str]) -> int:
+    """`labkit sweep`: launch's flags, where a comma-separated value (`--seed 1,2,3`) runs each
+    value; several such flags run every combination. Where --global-batch-size is not given,
+    each run takes prompts x answers (one optimizer step per rollout). Exit 0 when every run
+    completed, else the exit code of the first that did not."""
+    import itertools
+
+    from labkit import sweep as sweepmod
+    from labkit.stopping import exit_code
+
+    if "-h" in argv or "--help" in argv:
+        print(sweep.__doc__.split("\n\n")[0].replace("`labkit sweep`: ", "labkit sweep: ") + "\n")
+        launch_parser().print_help()
+        return 0
+    axes = [[(i, v) for v in argv[i].split(",")] for i in range(1, len(argv))
+            if argv[i - 1].startswith("--") and "," in argv[i] and not argv[i].startswith("-")]
+    configs, stamp = [], time.strftime("%Y%m%d-%H%M%S")
+    for combo in itertools.product(*axes) if axes else [()]:
+        args = list(argv)
+        for i, v in combo:
+            args[i] = v
+        cfg, explicit = resolve_args(args, check=False)
+        if "global_batch_size" not in explicit:
+            cfg = cfg.replace(global_batch_size=cfg.samples_per_rollout)
+        prefix = cfg.run_name if "run_name" in explicit else f"sweep-{stamp}"
+        cfg = cfg.replace(run_name=f"{prefix}-p{cfg.rollout_batch_size}-n{cfg.n_samples_per_prompt}"
+                                   f"-s{cfg.seed}")
+        configs.append(cfg.check())
+    runs = sweepmod.launch_many(configs)
+    codes = [exit_code(r.status) for r in runs] + [1] * (len(configs) - len(runs))
+    return next((c for c in codes if c), 0)
+
+
+def launch_config(a: argparse.Namespace) -> int:
+    """`labkit launch-config FILE`: one run of a sweep, its RunConfig saved as JSON."""
+    from labkit.trainer import train
+
+    cfg = RunConfig(**json.loads(Path(a.file).read_text()))
+    Path(a.file).unlink(missing_ok=True)
     return _ended(train(cfg))
 
 

@@ -5,6 +5,15 @@
 #                   process with 4 answers (benchmarks/bench_rerun.py): start-up cold and kept
 #   recipe_overlap  the recipe with --overlap-rollout, seed 1, timed alone
 #   bench_update    the update's memory/time curve over --max-tokens-per-gpu
+#   bench_lean      the update on the recipe's architecture (random weights): chunked head vs
+#                   full logits over several budgets; then the same rollout under an older
+#                   checkout in $OLD (PYTHONPATH), for the before/after pair
+#   solo_default    the recipe as a user types it, alone (sleep mode, default budget)
+#   solo_kv8        one run alone with the settings a sweep gives each run (fixed 8 GiB KV
+#                   cache, no sleep): its whole-GPU memory is one run's share
+#   sweep4, sweep2  4 and 2 recipe runs side by side (`labkit sweep`, seeds 1-4 / 1-2)
+#   lesson_sweep    lesson 1.3's GPU cell: 4, 8 and 16 answers side by side, 24 steps, held-out
+#                   accuracy at both ends, cold
 # session.sh starts it detached (setsid) so it outlives the 10-minute calls; logs go to
 # $SOLO/logs, run folders to $SOLO/runs; `session.sh collect` brings them back.
 #   GPU=0 SOLO=$HOME/solo M=model.gguf D=gsm8k-folder R=$HOME/runs bash scripts/gpu/solo.sh
@@ -34,6 +43,9 @@ RECIPE=(--rollout-batch-size 32 --n-samples-per-prompt 8 --global-batch-size 256
         --rollout-max-response-len 1024 --lr 1e-6 --seed 1 --num-rollout 24 --no-progress
         --save-interval -1 --engine vllm --rollout-gpu-memory-fraction 0.5)
 
+STEPS=${STEPS:-12}
+SHORT=(--rollout-batch-size 32 --rollout-max-response-len 1024 --lr 1e-6 --num-rollout "$STEPS"
+       --no-progress --save-interval -1 --engine vllm --eval-split-size 0 --rm-type math)
 for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
   case $j in
     bench_vllm) job bench_vllm 300 python benchmarks/bench_vllm_engine.py --model "$M" --prompts 32 \
@@ -44,6 +56,24 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       --data "$D" --overlap-rollout --output-dir "$SOLO/runs" --run-name overlap ;;
     bench_update) job bench_update 240 python benchmarks/bench_update.py --model "$M" --samples 256 \
       --dynamic-only --budgets 8192,12288,16384,24576 --out "$L/bench_update.json" ;;
+    bench_lean) job bench_lean 420 bash -c "python benchmarks/bench_update.py --model random:qwen2.5-0.5b \
+        --samples 256 --dynamic-only --budgets 4096,8192,12288,16384,24576 --full-logits 12288 --repeats 3 \
+        --out $L/bench_lean.json && PYTHONPATH=$OLD:\$PYTHONPATH python benchmarks/bench_update.py \
+        --model random:qwen2.5-0.5b --samples 256 --dynamic-only --budgets 8192,12288 --repeats 3 \
+        --out $L/bench_before.json" ;;
+    solo_default) job solo_default 300 python -m labkit launch "${SHORT[@]}" --n-samples-per-prompt 8 \
+      --global-batch-size 256 --seed 1 --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name solo-default ;;
+    solo_kv8) job solo_kv8 300 python -m labkit launch "${SHORT[@]}" --n-samples-per-prompt 8 \
+      --global-batch-size 256 --seed 1 --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name solo-kv8 \
+      --rollout-kv-cache-gb 8 --no-rollout-sleep --rollout-gpu-memory-fraction 0.125 \
+      --max-tokens-per-gpu "${SHARED_TOKENS:-6144}" ;;
+    sweep4) job sweep4 420 python -m labkit sweep "${SHORT[@]}" --n-samples-per-prompt 8 --seed 1,2,3,4 \
+      --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name sweep4 ;;
+    sweep2) job sweep2 360 python -m labkit sweep "${SHORT[@]}" --n-samples-per-prompt 8 --seed 1,2 \
+      --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name sweep2 ;;
+    lesson_sweep) job lesson_sweep 600 python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
+      --seed 1 --lr 1e-6 --engine vllm --save-interval -1 --no-progress --model "$M" --data "$D" \
+      --output-dir "$SOLO/runs" --run-name lesson ;;
     *) say "unknown job $j" ;;
   esac
 done

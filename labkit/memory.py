@@ -1,0 +1,152 @@
+"""What one run holds of a GPU, from its config: the plan that lets several runs share a card.
+
+Why: four recipe runs started on one H200 died of out-of-memory in their first update,
+because nothing said beforehand what each would take. A run's GPU memory has four parts,
+each set by the config and the model's size:
+
+* `context`: the CUDA context and the libraries' workspaces of one process;
+* `trainer`: float32 master weights, their gradients and AdamW's two moments (16 bytes a
+  parameter), and autocast's bfloat16 copy of the weights (2 more);
+* `update`: one micro-batch's activations, which grow with `--max-tokens-per-gpu` (the
+  bytes per token of the model's layers), and the LM head's chunk (labkit.logprobs);
+* `engine`: vLLM's bfloat16 weights, its KV cache (`--rollout-kv-cache-gb`), and its own
+  buffers (CUDA graphs, sampling).
+
+The per-token and fixed figures are measured (BENCHMARKS.md, "Several runs on one GPU"):
+whole-process memory read by nvidia-smi, for the recipe's Qwen2.5-0.5B on an H200, and are
+scaled by the model's shape for another one. `plan_runs` refuses, in one line, a set of runs
+that does not fit in the free memory; `fit_max_tokens` picks the largest token budget per
+micro-batch that lets N runs share the card.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from labkit.errors import LabkitError
+
+GIB = 2**30
+# Measured on an H200 (BENCHMARKS.md): a process's CUDA context and workspaces, vLLM's own
+# buffers beside its weights and KV cache, and activations per token per layer and hidden
+# unit of the update (bf16 autocast over float32 weights, no gradient checkpointing).
+CONTEXT_GIB = 0.8
+ENGINE_EXTRA_GIB = 2.0
+ACTIVATION_BYTES_PER_TOKEN_LAYER_UNIT = 84.0  # ~1.8 MB a token for Qwen2.5-0.5B
+CHECKPOINTED_BYTES_PER_TOKEN_LAYER_UNIT = 8.0  # with --gradient-checkpointing
+HEAD_CHUNK_GIB = 1.6  # labkit.logprobs' chunk: float32 logits and their gradient, a few copies
+HEADROOM = 0.95  # share of the free memory a plan may fill (the allocator fragments)
+DEFAULT_KV_CACHE_GIB = 8.0  # a sweep's engines, when the configs give no KV cache size
+
+
+class GPUMemoryError(LabkitError, RuntimeError):
+    """Runs that do not fit in the GPU's free memory; the message says what would fit."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What sizes a run's memory: parameters, vocabulary, layers, hidden width."""
+
+    params: int
+    vocab: int
+    layers: int
+    hidden: int
+
+    @classmethod
+    def of(cls, model_path: str) -> "ModelShape":
+        """Read from a model folder's config, counting parameters on the meta device."""
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(model_path)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        params = sum(p.numel() for p in model.parameters())
+        text = getattr(config, "text_config", config)
+        return cls(params, text.vocab_size, text.num_hidden_layers, text.hidden_size)
+
+
+@dataclass(frozen=True)
+class RunMemory:
+    """GiB one run holds at its peak, by part."""
+
+    context: float
+    trainer: float
+    update: float
+    engine: float
+
+    @property
+    def total(self) -> float:
+        return self.context + self.trainer + self.update + self.engine
+
+    def describe(self) -> str:
+        return (f"{self.total:.1f} GiB (trainer {self.trainer:.1f}, update {self.update:.1f}, "
+                f"engine {self.engine:.1f}, context {self.context:.1f})")
+
+
+def activation_gib(shape: ModelShape, tokens: int, checkpointing: bool = False) -> float:
+    """One micro-batch's activations for `tokens` padded tokens."""
+    per = CHECKPOINTED_BYTES_PER_TOKEN_LAYER_UNIT if checkpointing else ACTIVATION_BYTES_PER_TOKEN_LAYER_UNIT
+    return tokens * shape.layers * shape.hidden * per / GIB
+
+
+def run_memory(cfg, shape: ModelShape) -> RunMemory:
+    """What a run of `cfg` holds of its GPU at its peak (a colocated vLLM engine with a fixed
+    KV cache; the engine asleep gives its share back, but a shared GPU cannot count on that)."""
+    kv = cfg.rollout_kv_cache_gb if cfg.rollout_kv_cache_gb is not None else DEFAULT_KV_CACHE_GIB
+    trainer = shape.params * (16 + 2) / GIB
+    tokens = cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else \
+        cfg.micro_batch_size * (cfg.rollout_max_response_len + 512)
+    update = activation_gib(shape, tokens, cfg.gradient_checkpointing) + HEAD_CHUNK_GIB
+    engine = shape.params * 2 / GIB + kv + ENGINE_EXTRA_GIB
+    return RunMemory(CONTEXT_GIB, trainer, update, engine)
+
+
+def fit_max_tokens(cfg, shape: ModelShape, runs: int, free_gib: float, *, step: int = 1024) -> int:
+    """The largest --max-tokens-per-gpu (a multiple of `step`) with which `runs` runs of `cfg`
+    fit in `free_gib`; 0 when even `step` tokens do not fit."""
+    base = run_memory(cfg.replace(max_tokens_per_gpu=0, use_dynamic_batch_size=True), shape)
+    room = free_gib * HEADROOM / runs - base.total
+    per_token = activation_gib(shape, 1, cfg.gradient_checkpointing)
+    return max(0, int(room / per_token) // step * step)
+
+
+def gpu_free_gib(index: int = 0) -> float | None:
+    """Free memory of GPU `index` as the driver sees it (all processes), without starting a
+    CUDA context in this process: NVML, else nvidia-smi; None when neither answers."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
+            return info.free / GIB
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML, no driver: try the command line
+        pass
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits",
+                                  f"--id={index}"], capture_output=True, text=True, timeout=30)
+            return float(out.stdout.strip().splitlines()[0]) * 2**20 / GIB
+        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+            return None
+    return None
+
+
+def plan_runs(cfgs, shape: ModelShape, free_gib: float) -> list[RunMemory]:
+    """Each run's memory; refuses in one line when together they do not fit in `free_gib`."""
+    need = [run_memory(c, shape) for c in cfgs]
+    total = sum(m.total for m in need)
+    if total > free_gib * HEADROOM:
+        fits = fit_max_tokens(cfgs[0], shape, len(cfgs), free_gib)
+        hint = (f"--max-tokens-per-gpu {fits} lets {len(cfgs)} fit" if fits
+                else f"run fewer at once (one run needs {need[0].describe()})")
+        raise GPUMemoryError(f"{len(cfgs)} runs need {total:.1f} GiB of GPU memory, "
+                           f"{free_gib:.1f} GiB are free ({HEADROOM:.0%} usable); {hint}; "
+                           f"nothing was started")
+    return need

@@ -1,0 +1,186 @@
+"""launch_many: several runs from one call, one after another on a CPU or a process each.
+
+Stops are driven by events: a reward function that signals its own process at a given step,
+or that waits (for a file the test writes) until the test has stopped the sweep.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from labkit import memory, sweep
+from labkit.runlog import read_jsonl
+
+REWARD = '''
+import os, signal, time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+calls = 0
+
+def _step(samples):
+    global calls
+    calls += 1
+    return (calls - 1) // samples
+
+def killed_at_step_1(response, label):
+    if _step(8) == 1:  # as the kernel's out-of-memory killer would
+        os.kill(os.getpid(), signal.SIGKILL)
+    return float(len(response) % 2)
+
+def stops_once_at_step_0(response, label):
+    flag = HERE / "stop-once"
+    if flag.exists():
+        flag.unlink()
+        os.kill(os.getpid(), signal.SIGINT)  # as a notebook's stop button would
+    return float(len(response) % 2)
+
+def waits_at_step_1(response, label):
+    step = _step(8)
+    if step == 1 and calls % 8 == 1:  # the first answer of step 1: say so, wait for the go
+        (HERE / f"reached-{os.getpid()}").write_text("")
+        while not (HERE / "go").exists():
+            time.sleep(0.05)
+    return float(len(response) % 2)
+'''
+
+
+@pytest.fixture()
+def rewards(tmp_path) -> Path:
+    path = tmp_path / "rewards.py"
+    path.write_text(REWARD)
+    return path
+
+
+def _steps(run) -> list[int]:
+    rows, _ = read_jsonl(run.dir / "metrics.jsonl")
+    return [r["rollout/step"] for r in rows]
+
+
+def test_without_a_gpu_the_runs_go_one_after_another(tiny_cfg):
+    cfgs = [tiny_cfg.replace(run_name=f"n{n}", n_samples_per_prompt=n, global_batch_size=2 * n)
+            for n in (2, 4)]
+    runs = sweep.launch_many(cfgs)
+    assert [r.dir.name for r in runs] == ["n2", "n4"]
+    assert all(r.status["reason"] == "completed" and _steps(r) == [0, 1] for r in runs)
+
+
+def test_a_failing_run_does_not_stop_the_others(tiny_cfg, monkeypatch, capsys):
+    from labkit import trainer
+
+    real = trainer.update_policy
+
+    def update(s, rollout, adv, step):
+        if s.cfg.run_name == "bad" and step == 1:
+            raise RuntimeError("CUDA out of memory (made up)")
+        return real(s, rollout, adv, step)
+
+    monkeypatch.setattr(trainer, "update_policy", update)
+    runs = sweep.launch_many([tiny_cfg.replace(run_name="bad"), tiny_cfg.replace(run_name="good")])
+    assert [r.dir.name for r in runs] == ["bad", "good"]
+    assert runs[0].status["reason"] == "error" and _steps(runs[0]) == [0]
+    assert runs[1].status["reason"] == "completed" and _steps(runs[1]) == [0, 1]
+    captured = capsys.readouterr()
+    assert "run bad failed: RuntimeError: CUDA out of memory (made up)" in captured.err
+    assert "1 failed (bad (RuntimeError: CUDA out of memory (made up)))" in captured.out
+
+
+def test_one_stop_ends_the_sweep_and_resume_finishes_it(tiny_cfg, rewards, capsys):
+    (rewards.parent / "stop-once").write_text("")
+    cfgs = [tiny_cfg.replace(run_name=name, custom_rm_path=f"{rewards}:stops_once_at_step_0")
+            for name in ("first", "second")]
+    runs = sweep.launch_many(cfgs)
+    assert [r.dir.name for r in runs] == ["first"]  # the second never started
+    assert runs[0].status["reason"] == "signal" and _steps(runs[0]) == [0]
+    out = capsys.readouterr().out
+    assert "1 stopped (first)" in out and "1 not started (second)" in out and "resume=True" in out
+
+    runs = sweep.launch_many(cfgs, resume=True)
+    assert [r.dir.name for r in runs] == ["first", "second"]
+    assert [_steps(r) for r in runs] == [[0, 1], [0, 1]]  # each step logged once
+    assert all(r.status["reason"] == "completed" for r in runs)
+    again = sweep.launch_many(cfgs, resume=True)  # nothing left to do: returned as they are
+    assert [_steps(r) for r in again] == [[0, 1], [0, 1]]
+
+
+def test_side_by_side_runs_fail_alone_and_stop_together(tiny_cfg, rewards, capsys):
+    """A process per run (as on a GPU): one failing run leaves the other; one stop, sent
+    while both wait inside step 1, stops both after that step; resume finishes both."""
+    base = tiny_cfg.replace(num_rollout=3, save_interval=0)
+    cfgs = [base.replace(run_name=f"r{i}", custom_rm_path=f"{rewards}:waits_at_step_1") for i in (1, 2)]
+    bad = base.replace(run_name="bad", custom_rm_path=f"{rewards}:killed_at_step_1")
+    folder = rewards.parent
+
+    def stop_when_both_wait():
+        while len(list(folder.glob("reached-*"))) < 2:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C on the sweep
+        while not any("stopping every run" in line for line in _said):
+            time.sleep(0.05)
+        (folder / "go").write_text("")
+
+    _said.clear()
+    watcher = threading.Thread(target=stop_when_both_wait, daemon=True)
+    watcher.start()
+    runs = sweep.launch_many([*cfgs, bad], side_by_side=True)
+    watcher.join(timeout=60)
+    by = {r.dir.name: r for r in runs}
+    assert by["r1"].status["reason"] == by["r2"].status["reason"] == "signal"
+    assert _steps(by["r1"]) == _steps(by["r2"]) == [0, 1]
+    assert _steps(by["bad"]) == [0]  # killed in step 1: no status, and the sweep says so
+    assert "run bad failed: killed by SIGKILL" in capsys.readouterr().err
+
+    runs = sweep.launch_many(cfgs, resume=True, side_by_side=True)
+    assert [(r.dir.name, _steps(r), r.status["reason"]) for r in runs] == [
+        ("r1", [0, 1, 2], "completed"), ("r2", [0, 1, 2], "completed")]
+
+
+_said: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _listen(monkeypatch):
+    """Keep what the sweep's board says, so a test can wait for it."""
+    real = sweep._Board.say
+
+    def say(self, line):
+        _said.append(line)
+        real(self, line)
+
+    monkeypatch.setattr(sweep._Board, "say", say)
+
+
+QWEN05 = memory.ModelShape(params=494_032_768, vocab=151_936, layers=24, hidden=896)
+
+
+def test_runs_that_do_not_fit_are_refused_before_anything_starts(tiny_cfg, monkeypatch):
+    monkeypatch.setattr(sweep, "_on_gpu", lambda cfg: True)
+    monkeypatch.setattr(memory, "gpu_free_gib", lambda index=0: 60.0)
+    monkeypatch.setattr(memory.ModelShape, "of", classmethod(lambda cls, path: QWEN05))
+    monkeypatch.setattr("labkit.models.resolve_model", lambda model: model)
+    started = []
+    monkeypatch.setattr(sweep, "_start", lambda *a: started.append(a))
+    cfgs = [tiny_cfg.replace(run_name=f"r{i}", max_tokens_per_gpu=16384) for i in range(4)]
+    with pytest.raises(memory.GPUMemoryError) as e:
+        sweep.launch_many(cfgs)
+    message = str(e.value)
+    assert "\n" not in message and "4 runs need" in message and "nothing was started" in message
+    assert "60.0 GiB are free" in message and "run fewer at once" in message
+    assert started == [] and not Path(tiny_cfg.output_dir).exists()
+
+
+def test_the_default_token_budget_is_fitted_to_the_share_of_the_gpu(tiny_cfg):
+    cfg = tiny_cfg.replace(max_tokens_per_gpu=12288)
+    shared = sweep._shared_gpu(cfg, QWEN05, runs=4, free=139.0)
+    assert shared.rollout_kv_cache_gb == memory.DEFAULT_KV_CACHE_GIB and not shared.rollout_sleep
+    assert 0 < shared.max_tokens_per_gpu < 12288
+    assert sum(memory.run_memory(shared, QWEN05).total for _ in range(4)) <= 139.0 * memory.HEADROOM
+    mine = sweep._shared_gpu(cfg.replace(max_tokens_per_gpu=4096), QWEN05, runs=4, free=139.0)
+    assert mine.max_tokens_per_gpu == 4096  # a budget the user chose is kept (and checked)
+    assert memory.fit_max_tokens(cfg, QWEN05, 1, 139.0) > memory.fit_max_tokens(cfg, QWEN05, 4, 139.0)
