@@ -32,10 +32,17 @@ def launch_many(configs, *, resume: bool = False) -> list[Run]:
 
 def close() -> None:
     """Release the policy and the vLLM engine that runs in this process keep for the next run
-    (labkit.engines.keep); the next launch loads and starts them afresh."""
+    (labkit.engines.keep), and say how much memory the process holds before and after; the
+    next launch loads and starts them afresh."""
     from labkit.engines import keep
 
-    keep.close()
+    before = keep.memory_in_use_gb()
+    released = keep.close()
+    after = keep.memory_in_use_gb()
+    what = "released the kept model (and engine)" if released else "nothing was kept"
+    memory = (f"; this process holds {after:.1f} GB of memory (was {before:.1f} GB)"
+              if before is not None and after is not None else "")
+    print(f"labkit: {what}{memory}", flush=True)
 
 
 __all__ = ["ConfigError", "Run", "RunConfig", "close", "launch", "launch_many", "__version__"]

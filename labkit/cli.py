@@ -347,8 +347,13 @@ def _say_reward(run) -> None:
                                        run.dir, "reward")
     except (analysis.AnalysisError, KeyError, ValueError):  # no finished step to speak of
         return
-    print(f"reward {start:.3f} -> {end:.3f} (mean of the first and of the last {k} of "
-          f"{len(run.metrics)} steps); plot: {written[0]}")
+    try:  # the share of answers right: math_format's reward also pays for the format
+        right = analysis.reward_parts(run.metrics)["answers right"]
+        right_text = f", answers right {right.iat[0]:.3f} -> {right.iat[1]:.3f}"
+    except analysis.AnalysisError:
+        right_text = ""
+    print(f"reward {start:.3f} -> {end:.3f}{right_text} (mean of the first and of the last {k} "
+          f"of {len(run.metrics)} steps); plot: {written[0]}")
 
 
 def _say_ignored(cfg: RunConfig, explicit: set[str]) -> None:

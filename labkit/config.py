@@ -10,6 +10,11 @@ keeps it at exactly one).
 The launcher also reads miles' environment variables so the course's lines work as
 written: `MILES_NUM_ROLLOUT=24` sets `--num-rollout`, and `MILES_EXTRA_ARGS` is
 shell-split and applied last, so it overrides everything before it.
+
+On a machine without the hub (an offline GPU box, a course cluster), `LABKIT_MODEL` and
+`LABKIT_DATA` name local copies of the recipe's model and GSM8K: they are the defaults of
+`--model` and `--data` when a RunConfig is made, so `labkit launch`, `RunConfig()` and the
+lessons' GPU profile all use them; a flag or field given explicitly still wins.
 """
 
 from __future__ import annotations
@@ -34,6 +39,12 @@ MAX_SYNTHETIC_STEPS = 20
 # spends minutes building the rollout's lists before the run prints its first line.
 MAX_SAMPLES_PER_ROLLOUT = 65_536
 AUTO_METAVAR = "N|auto"  # a number flag whose None, spelled auto, is decided when the run starts
+MODEL_ENV, DATA_ENV = "LABKIT_MODEL", "LABKIT_DATA"  # local copies of the recipe's model, data
+
+
+def from_env(name: str, fallback: str):
+    """A field's default, read when a RunConfig is made: $name when set, else `fallback`."""
+    return lambda: os.environ.get(name, "").strip() or fallback
 
 
 def flag_field(default, help: str, group: str | None = None, *, choices=None, metavar=None,
@@ -187,9 +198,10 @@ class RunConfig:
     )
     # ---------------------------------------------------------------- data
     data: str = _f(
-        "gsm8k",
+        from_env(DATA_ENV, "gsm8k"),
         "gsm8k (openai/gsm8k from the hub), synthetic (made-up problems), or a local "
-        "folder/file of jsonl or parquet with question and answer",
+        f"folder/file of jsonl or parquet with question and answer (default: ${DATA_ENV} when "
+        "set, a local copy of GSM8K for a machine without the hub; else gsm8k)",
         "data",
     )
     synthetic_steps: int = _f(
@@ -215,8 +227,10 @@ class RunConfig:
     )
     # ---------------------------------------------------------------- model
     model: str = _f(
-        RECIPE_MODEL,
-        f"hub id, local folder, GGUF file, or '{EMBEDDED_MODEL}' (the offline embedded model)",
+        from_env(MODEL_ENV, RECIPE_MODEL),
+        f"hub id, local folder, GGUF file, or '{EMBEDDED_MODEL}' (the offline embedded model) "
+        f"(default: ${MODEL_ENV} when set, a local copy of the recipe's model for a machine "
+        f"without the hub; else {RECIPE_MODEL})",
         "model",
     )
     engine: str = _f(

@@ -179,7 +179,8 @@ def _hub_rows(split: str) -> Iterable[dict]:
         raise DataError(
             "--data gsm8k loads openai/gsm8k through the `datasets` package, which is not "
             "installed: pip install 'labkit[hub]', or pass a local folder with train.jsonl "
-            "and test.jsonl (--data path/to/gsm8k), or --data synthetic"
+            "and test.jsonl (--data path/to/gsm8k, or LABKIT_DATA=path/to/gsm8k as the "
+            "default), or --data synthetic"
         ) from None
     try:
         return datasets.load_dataset("openai/gsm8k", "main", split=split)
@@ -188,7 +189,8 @@ def _hub_rows(split: str) -> Iterable[dict]:
         raise DataError(
             f"--data gsm8k: could not load openai/gsm8k split {split!r} from the hub "
             f"({type(e).__name__}: {first[:200]}); offline (no internet), pass a local folder "
-            f"with train.jsonl and test.jsonl (--data path/to/gsm8k), or --data synthetic"
+            f"with train.jsonl and test.jsonl (--data path/to/gsm8k, or LABKIT_DATA="
+            f"path/to/gsm8k as the default), or --data synthetic"
         ) from e
 
 

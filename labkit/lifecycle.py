@@ -178,8 +178,9 @@ def finish_run(s: Session, reason: str, last: int, message: str, bar, saves: Sav
         elif error is not None and keep.is_kept(s.engine):
             keep.drop_engine()  # stopped mid-call, it may still hold requests: not for the next run
         s.prefetched.clear()
-        print(f"labkit: run stopped ({reason}{': ' + message if message else ''}{note}) after "
-              f"step {last}; log in {s.log.dir}", flush=True)
+        when = f"after step {last}" if last >= 0 else "before its first step"
+        print(f"labkit: run stopped ({reason}{': ' + message if message else ''}{note}) {when}; "
+              f"log in {s.log.dir}", flush=True)
     finally:
         s.log.release()  # the next trainer may take the folder
 

@@ -27,7 +27,7 @@ The rest differ:
 | train/lr | train/lr-pg_0 | the first parameter group's |
 | train/steps | count of `step N` lines | optimizer steps of the rollout |
 | eval/accuracy | eval/<name> | miles' mean eval reward; the same for a 0/1 reward |
-| rollout/raw_reward_std, perf/max_gpu_memory_gb, train/micro_batches, heat/, client/, time/ | none | labkit only |
+| rollout/raw_reward_std, rollout/right_frac, perf/max_gpu_memory_gb, train/micro_batches, heat/, client/, time/ | none | labkit only |
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ METRICS: dict[str, tuple[str, str]] = {
     # rollout: what the engine wrote and what the reward said
     "rollout/raw_reward": ("", "mean reward over all samples of the rollout"),
     "rollout/raw_reward_std": ("", "standard deviation of the reward over all samples"),
+    "rollout/right_frac": ("", "fraction of samples that got the full reward, 1: the right answers with --rm-type math or math_format (the rest of math_format's mean reward is its 0.1 format credit)"),
     "rollout/zero_std/frac_groups": ("", "fraction of groups whose rewards are all equal (no GRPO signal)"),
     "rollout/zero_std/all_zero_percentage": ("", "fraction of groups where every answer got 0"),
     "rollout/zero_std/all_one_percentage": ("", "fraction of groups where every answer got 1"),

@@ -66,7 +66,7 @@ def resolve_model(spec: str) -> str:
         raise ModelError(
             f"--model {spec}: not in the local Hugging Face cache, and the hub cannot be reached "
             f"(offline?); use --model {EMBEDDED_MODEL} (the embedded model), a local model "
-            f"folder, or a .gguf file")
+            f"folder, or a .gguf file (LABKIT_MODEL=<folder or .gguf> makes it the default)")
     return spec  # a hub id; transformers downloads it (users of the GPU recipe have internet)
 
 

@@ -282,6 +282,7 @@ def summarize_step(s: Session, step: int, rollout: Rollout, rewards: torch.Tenso
         STEP: step,
         "rollout/raw_reward": float(rewards.mean()),
         "rollout/raw_reward_std": float(rewards.flatten().std()) if rewards.numel() > 1 else 0.0,
+        "rollout/right_frac": float((rewards >= 1).float().mean()),
         "rollout/zero_std/frac_groups": float(zero_std.float().mean()),
         "rollout/zero_std/all_zero_percentage": float(all_zero),
         "rollout/zero_std/all_one_percentage": float(all_one),

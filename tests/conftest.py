@@ -71,6 +71,13 @@ def tiny_cfg(tiny_model_dir, tmp_path):
 
 
 @pytest.fixture(autouse=True)
+def no_local_copies_named(monkeypatch):
+    """LABKIT_MODEL and LABKIT_DATA change RunConfig's defaults; a test sets them itself."""
+    monkeypatch.delenv("LABKIT_MODEL", raising=False)
+    monkeypatch.delenv("LABKIT_DATA", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def nothing_kept_between_tests():
     """A run keeps its policy (and a vLLM engine) for the next run in the process; tests
     start from nothing kept."""

@@ -4,8 +4,10 @@ What a student does first: open the lesson, Run > Run All Cells, read. This test
 same in headless Chromium (Debian's `chromium`, driven by Playwright's Python package; no
 browser is downloaded) against a JupyterLab started for it: as this user (with
 --allow-root when that is root), on a free loopback port, with a token and a temporary
-HOME, config and settings folder, on a temporary copy of the students' notebook (a student's
-copy in the repository is never touched). It checks that every code cell ran, that the
+HOME, config and settings folder, on the students' copy as `labkit students` writes it from
+the teachers' notebook, in a temporary folder. So the copy in notebooks/students/, which a
+student may have solved, is neither read nor touched (`labkit students --check` holds the
+committed copy to the same text). It checks that every code cell ran, that the
 plots came out as PNG images, and that each unsolved exercise's check printed its not-yet
 line (a check cell never stops Run All). A screenshot of the page is kept in the test's
 temporary folder, and in $LABKIT_SCREENSHOTS when set.
@@ -32,7 +34,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-LESSON = REPO / "notebooks" / "students" / "02_watchdog_replay.ipynb"
+NOTEBOOKS = REPO / "notebooks"
+LESSON = "02_watchdog_replay.ipynb"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -59,6 +62,14 @@ def _missing() -> str | None:
     return None
 
 
+def fresh_copy(notebooks: Path = NOTEBOOKS, name: str = LESSON) -> str:
+    """The students' copy of lesson `name` as `labkit students` writes it from the teachers'
+    notebook in `notebooks` (never the copy in notebooks/students/, which may be solved)."""
+    from labkit.course.students import student_texts
+
+    return student_texts(notebooks)[name]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -83,7 +94,7 @@ def lab(tmp_path):
     root, home = tmp_path / "lab", tmp_path / "home"
     root.mkdir()
     home.mkdir()
-    shutil.copy(LESSON, root / LESSON.name)
+    (root / LESSON).write_text(fresh_copy(), encoding="utf-8")
     _write_settings(tmp_path / "settings")
     port, token = _free_port(), "labkit-browser-test"
     env = {k: v for k, v in os.environ.items()
@@ -104,7 +115,7 @@ def lab(tmp_path):
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_for(f"{url}/api/status?token={token}", server, tmp_path / "jupyterlab.log")
-        yield url, token, LESSON.name
+        yield url, token, LESSON
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the server and the kernels it started
         try:
@@ -155,7 +166,7 @@ def test_run_all_on_a_students_copy_runs_every_cell(lab, tmp_path):
     from playwright.sync_api import sync_playwright
 
     url, token, name = lab
-    notebook = json.loads(LESSON.read_text())
+    notebook = json.loads(fresh_copy())
     code_cells = sum(c["cell_type"] == "code" for c in notebook["cells"])
     figures = sum("labkit.serving.replay.timeline(" in "".join(c["source"])
                   for c in notebook["cells"] if c["cell_type"] == "code")
@@ -203,6 +214,19 @@ def _keep_screenshot(path: Path) -> None:
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
         shutil.copy(path, Path(folder) / path.name)
+
+
+def test_the_browser_test_serves_a_fresh_copy_not_a_solved_one(tmp_path):
+    """A student who solved lesson 1.2 in notebooks/students/ does not change what the
+    browser test opens: the copy written from the teachers' notebook, unsolved."""
+    teacher = json.loads((NOTEBOOKS / LESSON).read_text())
+    (tmp_path / LESSON).write_text(json.dumps(teacher))
+    (tmp_path / "students").mkdir()
+    solved = fresh_copy().replace("= None  # Exercise", "= 3  # Exercise")
+    assert solved != fresh_copy()
+    (tmp_path / "students" / LESSON).write_text(solved)
+    served = fresh_copy(tmp_path)
+    assert served == fresh_copy() and served.count("= None  # Exercise 1.2.") == 3
 
 
 def test_a_missing_browser_is_named_for_the_skip(monkeypatch):

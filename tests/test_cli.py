@@ -145,9 +145,12 @@ def test_a_launch_ends_with_the_reward_at_the_start_and_the_end_and_its_plot(tmp
     flags[flags.index("--num-rollout") + 1] = "3"
     assert main(["launch", *flags]) == 0
     printed = capsys.readouterr().out
-    rewards = [json.loads(x)["rollout/raw_reward"] for x in (out / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(x) for x in (out / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    rewards = [s["rollout/raw_reward"] for s in steps]
+    right = [s["rollout/right_frac"] for s in steps]
     line = next(x for x in printed.splitlines() if x.startswith("reward "))
-    assert line.startswith(f"reward {rewards[0]:.3f} -> {rewards[-1]:.3f} (mean of the first and of "
+    assert line.startswith(f"reward {rewards[0]:.3f} -> {rewards[-1]:.3f}, answers right "
+                           f"{right[0]:.3f} -> {right[-1]:.3f} (mean of the first and of "
                            f"the last 1 of 3 steps); plot: ")
     assert (out / "tiny" / "reward.png").stat().st_size > 0
 

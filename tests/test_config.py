@@ -265,3 +265,19 @@ def test_a_huge_synthetic_split_is_the_whole_split_not_a_hang():
     from labkit.data import SYNTHETIC_SPLIT_MAX, load_problems
 
     assert len(load_problems("synthetic", "test", n=10**20)) == SYNTHETIC_SPLIT_MAX
+
+
+def test_local_copies_of_the_recipes_model_and_data_come_from_the_environment(monkeypatch, tmp_path):
+    assert (RunConfig().model, RunConfig().data) == ("Qwen/Qwen2.5-0.5B-Instruct", "gsm8k")
+    model, data = tmp_path / "qwen.gguf", tmp_path / "gsm8k"
+    monkeypatch.setenv("LABKIT_MODEL", str(model))
+    monkeypatch.setenv("LABKIT_DATA", str(data))
+    assert (RunConfig().model, RunConfig().data) == (str(model), str(data))
+    assert (config_from_args([]).model, config_from_args([]).data) == (str(model), str(data))
+    # a flag, a field or a preset that names its own model and data still wins
+    assert config_from_args(["--model", "smollm2", "--data", "synthetic"]).model == "smollm2"
+    assert RunConfig(data="synthetic").data == "synthetic"
+    cpu = RunConfig.preset("cpu")
+    assert (cpu.model, cpu.data) == ("smollm2", "synthetic")
+    monkeypatch.setenv("LABKIT_MODEL", " ")  # set but blank: the recipe's own
+    assert RunConfig().model == "Qwen/Qwen2.5-0.5B-Instruct"

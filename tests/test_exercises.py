@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
+import labkit
 from labkit.cli import main as labkit_main
 from labkit.course import exercises, profiles, students
 from labkit.serving.client import RetryPolicy
@@ -45,8 +46,10 @@ def graded(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def not_graded(monkeypatch):
-    """Grading off unless a test asks for it (a run under pytest --nbval may have set it)."""
+    """Grading off unless a test asks for it (a run under pytest --nbval may have set it), and
+    no wrong answers remembered from another test."""
     monkeypatch.delenv(exercises.GRADING_ENV, raising=False)
+    exercises.forget_tries()
 
 
 # ====================================================================== check()
@@ -65,14 +68,37 @@ def test_unanswered_prints_a_nudge_and_does_not_raise(capsys):
     assert "rollout_batch_size * 16" not in line  # not the code
 
 
-def test_a_wrong_answer_prints_what_is_wrong_and_the_hint(capsys):
+def test_a_first_wrong_answer_says_what_is_off_and_nudges_without_the_code(capsys):
     check("1.1.2", 16, prompts=32, answers=16)
     out = capsys.readouterr().out
     assert all(len(row) <= 88 for row in out.split("\n"))  # wrapped at words, not by the browser
-    assert any(row.startswith("  Hint: ") for row in out.split("\n")[1:])
     line = flat(out)
     assert line.startswith("Exercise 1.1.2: not yet. 16 is the group size")
+    assert "Look again: the global batch counts every answer of a rollout." in line
+    assert "Hint" not in line and "rollout_batch_size * 16" not in line
+
+
+def test_the_hint_with_the_code_comes_with_another_wrong_answer(capsys):
+    check("1.1.2", 16, prompts=32, answers=16)
+    check("1.1.2", 16, prompts=32, answers=16)  # the same answer again: still no code
+    assert "rollout_batch_size * 16" not in capsys.readouterr().out
+    check("1.1.2", 32, prompts=32, answers=16)  # a second, different wrong answer
+    out = capsys.readouterr().out
+    assert any(row.startswith("  Hint: ") for row in out.split("\n")[1:])
+    line = flat(out)
+    assert line.startswith("Exercise 1.1.2: not yet. 32 is the prompts per rollout")
     assert "recipe.rollout_batch_size * 16" in line
+    check("1.1.1", 5, rewards=torch.zeros(2, 4))  # another exercise starts with the nudge
+    assert "Hint" not in capsys.readouterr().out
+    exercises.forget_tries("1.1.2")
+    check("1.1.2", 64, prompts=32, answers=16)
+    assert "Hint" not in capsys.readouterr().out
+
+
+def test_an_unanswered_check_is_not_a_wrong_try(capsys):
+    check("1.1.2", None, prompts=32, answers=16)
+    check("1.1.2", 16, prompts=32, answers=16)
+    assert "Hint" not in capsys.readouterr().out
 
 
 def test_grading_raises_for_wrong_and_missing_answers(graded, capsys):
@@ -210,6 +236,10 @@ def test_gain_of_one_run(course_runs):
     assert "stops at step 23" in wrong("1.3.2", too_long, runs=runs, run="n8-seed1234")
     assert "8 steps" in wrong("1.3.2", reward.loc[16:22].mean() - reward.loc[0:6].mean(),
                               runs=runs, run="n8-seed1234")
+    assert "early window includes step 8" in wrong(
+        "1.3.2", reward.loc[16:23].mean() - reward.loc[0:8].mean(), runs=runs, run="n8-seed1234")
+    assert "late window includes step 15" in wrong(
+        "1.3.2", reward.loc[15:23].mean() - reward.loc[0:7].mean(), runs=runs, run="n8-seed1234")
     assert "no run named" in wrong("1.3.2", 0.1, runs=course_runs, run="n3-nope")
 
 
@@ -391,6 +421,19 @@ def test_check_detects_a_stale_and_an_extra_copy(tmp_path, capsys):
     assert labkit_main(["students", str(src), "--out", str(out), "--check"]) == 1
     printed = capsys.readouterr().out
     assert "01_lesson.ipynb: stale" in printed and "99_old.ipynb: extra" in printed
+
+
+def test_check_calls_a_solved_copy_edited_not_stale(tmp_path, capsys):
+    src = tmp_path / "notebooks"
+    write_lesson(src, lesson())
+    assert labkit_main(["students", str(src)]) == 0
+    copy = src / "students" / "01_lesson.ipynb"
+    copy.write_text(copy.read_text().replace("no_signal = None", "no_signal = 1"))
+    capsys.readouterr()
+    assert labkit_main(["students", str(src), "--check"]) == 1
+    printed = capsys.readouterr().out
+    assert f"{copy}: edited since labkit wrote it" in printed and "--force" in printed
+    assert "stale" not in printed
 
 
 def test_students_command_keeps_a_copy_a_student_edited(tmp_path, capsys):
@@ -637,3 +680,68 @@ def test_plain_warnings_drop_the_path():
         assert shown == "UserWarning: odd\n"
     finally:
         warnings.formatwarning = saved
+
+
+def test_the_gpu_profile_takes_local_copies_and_the_miles_script_names_the_hub_model(
+        monkeypatch, tmp_path, capsys):
+    from labkit.miles import render_script
+
+    model, data = tmp_path / "qwen2.5-coder-0.5b-q4_k_m.gguf", tmp_path / "gsm8k"
+    monkeypatch.setenv("LABKIT_MODEL", str(model))
+    monkeypatch.setenv("LABKIT_DATA", str(data))
+    gpu = profiles.config("gpu")
+    assert (gpu.model, gpu.data) == (str(model), str(data))
+    assert profiles.config("cpu").model == "smollm2"  # the CPU profile is offline already
+    assert profiles.describe("gpu") == (
+        f"the recipe: {model} ($LABKIT_MODEL) on {data} ($LABKIT_DATA), 32 prompts x 8 "
+        f"answers, at most 1024 tokens, 24 steps")
+    for profile in ("gpu", "cpu"):
+        shown = profiles.miles_config(profile)
+        note = flat(capsys.readouterr().out)
+        assert shown.model == "Qwen/Qwen2.5-0.5B-Instruct" and shown.data == str(data)
+        assert note.startswith(f"note: this machine's runs train {model}; the script names "
+                               f"the recipe's Qwen/Qwen2.5-0.5B-Instruct")
+        assert "hf download Qwen/Qwen2.5-0.5B-Instruct" in render_script(shown, explicit=[])
+    monkeypatch.delenv("LABKIT_MODEL")
+    assert profiles.miles_config("gpu").model == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert capsys.readouterr().out == ""  # the hub model itself: no note
+
+
+def test_checkpoints_lists_the_run_folders_that_keep_one(tmp_path, tiny_cfg):
+    from labkit.stopping import StopController
+
+    stopper = StopController(None)
+    original = stopper.record_step
+    stopper.record_step = lambda s: (original(s), stopper.request_stop("SIGINT", "signal"))
+    labkit.launch(tiny_cfg.replace(run_name="done", num_rollout=1))
+    from labkit.trainer import train
+
+    train(tiny_cfg.replace(run_name="stopped"), stopper=stopper)  # ■ during step 0
+    kept = profiles.checkpoints(Path(tiny_cfg.output_dir))
+    assert kept["run"].tolist() == ["stopped"] and kept["after step"].tolist() == [0]
+    assert kept["GB"].iat[0] >= 0 and kept["delete to free it"].iat[0].endswith("stopped/checkpoint")
+    assert profiles.checkpoints(tmp_path / "nothing-here").empty
+
+
+def test_after_step_presses_once_a_new_run_logged_the_step(tiny_cfg, capsys):
+    import os
+    import signal
+
+    from labkit.trainer import train
+
+    labkit.launch(tiny_cfg.replace(run_name="before", num_rollout=1))  # there before: ignored
+    cfg = tiny_cfg.replace(run_name="pressed", num_rollout=3)
+    press = profiles.after_step(cfg, 0, os.kill, os.getpid(), signal.SIGINT)  # ■ after step 0
+    press.start()
+    stopped = train(cfg)
+    press.cancel()
+    assert press.called
+    # the press lands during step 1 (or, on a fast machine, between steps): a clean stop
+    assert stopped.status["reason"] == "signal" and stopped.status["last_step"] in (0, 1)
+    resumed = train(cfg, resume=stopped.dir)
+    assert resumed.metrics["rollout/step"].tolist() == [0, 1, 2]
+    idle = profiles.after_step(cfg, 0, pytest.fail, "called after cancel")
+    idle.start()
+    idle.cancel()
+    idle.join(timeout=30)
+    assert not idle.is_alive() and not idle.called

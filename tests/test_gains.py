@@ -182,3 +182,32 @@ def test_the_launchers_thirds_and_the_windows_its_plot_shades():
     assert end_windows(steps) == ((0, 1), (5, 6))
     with pytest.raises(AnalysisError, match="no rollout/raw_reward"):
         reward_at_ends(pd.DataFrame({"rollout/step": [0]}))
+
+
+def test_reward_parts_take_the_format_credit_apart_from_the_right_answers():
+    from labkit.analysis import reward_parts
+
+    # math_format: 1 for a right answer, 0.1 for a wrong number in the asked format
+    steps = pd.DataFrame({"rollout/step": range(6),
+                          "rollout/right_frac": [0.0, 0.25, 0.25, 0.25, 0.5, 0.5],
+                          "rollout/raw_reward": [0.05, 0.3, 0.3, 0.3, 0.55, 0.525]})
+    parts = reward_parts(steps)
+    assert list(parts.index) == ["first 2 steps (0-1)", "last 2 steps (4-5)"]
+    assert parts["mean reward"].tolist() == pytest.approx([0.175, 0.5375])
+    assert parts["answers right"].tolist() == pytest.approx([0.125, 0.5])
+    assert parts["format credit"].tolist() == pytest.approx([0.05, 0.0375])
+    with pytest.raises(AnalysisError, match="logs no rollout/right_frac"):
+        reward_parts(steps.drop(columns="rollout/right_frac"))
+
+
+def test_reward_rise_says_how_much_of_the_rise_is_right_answers(tmp_path):
+    from labkit.analysis import reward_rise
+
+    small_run(tmp_path, "r", n_steps=6, gain=0.0)
+    metrics = tmp_path / "r" / "metrics.jsonl"
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    for row, right in zip(rows, [0.0, 0.0, 0.1, 0.1, 0.2, 0.3]):
+        row["rollout/right_frac"] = right
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (row,) = reward_rise(load_runs(tmp_path)).to_dict("records")
+    assert row["right_rise"] == pytest.approx(0.25)

@@ -3,6 +3,8 @@ no new engine, the starting model's weights at its first rollout; other settings
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -58,3 +60,16 @@ def test_an_engine_that_failed_is_not_kept(tiny_cfg, served, monkeypatch):
     with pytest.raises(RuntimeError, match="boom"):
         labkit.launch(cfg.replace(run_name="b"))
     assert keep._kept.engine is None  # dropped: the next run starts a new one
+
+
+def test_close_says_what_it_released_and_the_memory_the_process_holds(tiny_cfg, capsys):
+    labkit.launch(tiny_cfg.replace(num_rollout=1))
+    assert keep._kept is not None
+    capsys.readouterr()
+    labkit.close()
+    assert keep._kept is None
+    line = capsys.readouterr().out
+    assert re.fullmatch(r"labkit: released the kept model \(and engine\); this process holds "
+                        r"\d+\.\d GB of memory \(was \d+\.\d GB\)\n", line), line
+    labkit.close()
+    assert capsys.readouterr().out.startswith("labkit: nothing was kept; this process holds")

@@ -76,3 +76,53 @@ def test_one_command_sets_up_and_opens_the_lessons():
         words = readme.read_text()
         assert command in words and "--allow-root" in words, readme
         assert "pip install jupyterlab" not in words, readme
+
+
+def test_lesson_1_1_shows_the_format_credit_beside_the_math_reward():
+    lesson = cells("01_launcher.ipynb")
+    shown = first_index(lesson, r"math_format_reward\(", "code")
+    assert "math_reward(" in text(lesson[shown])  # side by side, in one table
+    said = text(lesson[shown - 1])
+    assert "math_format" in said and "0.1" in said and "format" in said
+    narration = "\n".join(text(c) for c in lesson if c["cell_type"] == "markdown")
+    assert "Nothing in between" not in narration
+    read_out = first_index(lesson, r"reward_parts\(run\.metrics\)", "code")
+    assert "answers right" in text(lesson[read_out - 1])
+
+
+def test_lesson_1_1_plot_shades_the_thirds_its_read_out_compares():
+    lesson = cells("01_launcher.ipynb")
+    plot = first_index(lesson, r"reward_curve\(run\.dir", "code")
+    assert "end_windows(run.metrics)" in text(lesson[plot])
+    assert "third" in text(lesson[plot - 1])
+
+
+def test_lesson_1_1_ends_by_releasing_what_its_kernel_holds():
+    lesson = cells("01_launcher.ipynb")
+    close = first_index(lesson, r"labkit\.close\(\)", "code")
+    assert close >= len(lesson) - 3  # at the end, after the last launch
+    assert "checkpoints()" in text(lesson[close])
+    said = text(lesson[close - 1])
+    assert "runs/<name>/checkpoint/" in said and "delete" in said and "Shut Down Kernel" in said
+
+
+def test_lesson_1_3_reads_its_first_verdict_where_it_appears():
+    lesson = cells("03_group_size.ipynb")
+    verdict = first_index(lesson, r"print\(labkit\.analysis\.inside_one_range\(", "code")
+    reading = text(lesson[verdict + 1])
+    assert lesson[verdict + 1]["cell_type"] == "markdown"
+    assert "more seeds" in reading and "not an effect" in reading
+
+
+def test_lesson_1_3_says_why_two_runs_did_not_finish_before_showing_them():
+    lesson = cells("03_group_size.ipynb")
+    overview = first_index(lesson, r"load_runs\(RUNS\)", "code")
+    said = text(lesson[overview + 1])
+    for run in ("solo-overlap-p32-n8-s1", "n16-lr1e-5-s1"):
+        assert run in said
+
+
+def test_the_lessons_readme_names_what_exists():
+    readme = (NOTEBOOKS / "README.md").read_text()
+    assert "lesson-cpu" not in readme and "two short CPU steps" not in readme
+    assert "LABKIT_MODEL" in readme and "LABKIT_DATA" in readme

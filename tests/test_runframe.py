@@ -183,3 +183,19 @@ def test_a_copied_run_folder_is_one_run_not_two_seeds(tmp_path):
     with pytest.warns(UserWarning, match=r"n8-s1-backup is a copy of .*n8-s1 \(the same config"):
         frame = load_runs(tmp_path)
     assert sorted(frame.groupby("run").seed.first()) == [1, 2]
+
+
+def test_with_steps_keeps_the_runs_that_logged_a_step(tmp_path, capsys):
+    from labkit.analysis import with_steps
+    from labkit.runlog import Run
+
+    small_run(tmp_path, "a", n_steps=3)
+    (tmp_path / "b").mkdir()  # a run stopped while its model loaded: a folder, no step
+    (tmp_path / "b" / "config.json").write_text("{}")
+    small_run(tmp_path, "c", n_steps=2)
+    kept = with_steps([Run(tmp_path / "a"), tmp_path / "b", Run(tmp_path / "c")])
+    assert kept == [tmp_path / "a", tmp_path / "c"]
+    assert "left out: run b has no finished step yet" in capsys.readouterr().err
+    assert sorted(load_runs(kept).run.unique()) == ["a", "c"]
+    with pytest.raises(AnalysisError, match="no run has a finished step yet"):
+        with_steps([tmp_path / "b"])

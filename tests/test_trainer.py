@@ -23,7 +23,8 @@ from labkit.stopping import StopController
 from labkit.trainer import train
 
 REQUIRED = [
-    STEP, "rollout/raw_reward", "rollout/raw_reward_std", "rollout/zero_std/frac_groups",
+    STEP, "rollout/raw_reward", "rollout/raw_reward_std", "rollout/right_frac",
+    "rollout/zero_std/frac_groups",
     "rollout/response_len/mean", "rollout/response_len/max", "rollout/truncated_ratio",
     "perf/rollout_time", "perf/actor_train_time", "perf/step_time", "rollout/tokens",
     "perf/tokens_per_s", "train/loss", "train/grad_norm", "train/pg_clipfrac",
@@ -587,3 +588,27 @@ def test_a_run_killed_in_its_first_step_resumes_from_step_0_logging_each_sample_
     resumed = train(tiny_cfg, resume=run_dir)
     assert resumed.metrics[STEP].tolist() == [0, 1]
     assert resumed.samples.groupby(STEP).size().tolist() == [8, 8]
+
+
+def test_a_stop_before_the_first_step_says_so_not_after_step_minus_one(tiny_cfg, capsys):
+    from labkit.stopping import StopController
+
+    stopper = StopController(None)
+    stopper.request_stop("SIGINT", kind="signal")  # a press of ■ while the model loads
+    run = train(tiny_cfg.replace(run_name="stopped-early"), stopper=stopper)
+    assert run.status["reason"] == "signal" and run.status["last_step"] == -1
+    out = capsys.readouterr().out
+    assert "run stopped (signal: SIGINT) before its first step; log in" in out
+    assert "step -1" not in out
+
+
+def test_the_share_of_right_answers_counts_the_full_rewards_only(tiny_cfg, tmp_path):
+    reward = tmp_path / "half_credit.py"  # 1 for an answer of odd length, else format credit
+    reward.write_text("def reward(response, label):\n    return 1.0 if len(response) % 2 else 0.1\n")
+    run = train(tiny_cfg.replace(custom_rm_path=f"{reward}:reward", n_logged_prompts=2))
+    samples = run.samples  # every answer of both prompts of each step
+    assert len(samples) == 2 * tiny_cfg.samples_per_rollout
+    right = samples.groupby(STEP)["reward"].apply(lambda r: (r == 1.0).mean())
+    assert run.metrics["rollout/right_frac"].tolist() == pytest.approx(right.tolist())
+    assert run.metrics["rollout/raw_reward"].tolist() == pytest.approx(
+        samples.groupby(STEP)["reward"].mean().tolist())

@@ -25,27 +25,29 @@ from labkit.analysis.table import check_comparable, compare, drop_unfinished, re
 from labkit.analysis.costs import common_clean_steps, run_costs
 from labkit.analysis.gains import (EARLY, LATE, REFERENCE, SETTINGS, Verdict, bootstrap_gain,
                                    end_windows, group_gains, inside_one_range, refuse_mixed_settings,
-                                   reward_at_ends, reward_rise, run_gains, window_rewards)
+                                   reward_at_ends, reward_parts, reward_rise, run_gains,
+                                   window_rewards)
 from labkit.analysis.heldout import group_heldout, heldout_gains, heldout_verdict, read_evaluations
 from labkit.analysis.plots import (heldout_plot, plot_all, response_length_curve, reward_curve,
                                    rollout_time_curve, save_figure, zero_std_curve)
 from labkit.metrics import STEP
 from labkit.analysis.runframe import (CONFIG_COLUMNS, CONSTRUCTED, HEAT_CLEAN, METRIC_FALLBACK,
-                                      MILES_INFO, MILES_LOG, RESPONSE_LEN, REWARD, ROLLOUT_TIME,
-                                      TOKENS, ZERO_STD, AnalysisError, PathLike, Runs, as_runs,
+                                      MILES_INFO, MILES_LOG, RESPONSE_LEN, REWARD, RIGHT,
+                                      ROLLOUT_TIME, TOKENS, ZERO_STD, AnalysisError, PathLike,
+                                      Runs, as_runs,
                                       find_sources, is_constructed, load_runs, metric_values,
-                                      steps_text)
+                                      steps_text, with_steps)
 
 __all__ = [
     # loading (labkit.analysis.runframe)
-    "load_runs", "find_sources", "as_runs", "metric_values", "AnalysisError", "Runs", "PathLike", "steps_text",
+    "load_runs", "with_steps", "find_sources", "as_runs", "metric_values", "AnalysisError", "Runs", "PathLike", "steps_text",
     "is_constructed", "CONSTRUCTED",
-    "STEP", "REWARD", "ROLLOUT_TIME", "TOKENS", "RESPONSE_LEN", "ZERO_STD", "HEAT_CLEAN",
+    "STEP", "REWARD", "RIGHT", "ROLLOUT_TIME", "TOKENS", "RESPONSE_LEN", "ZERO_STD", "HEAT_CLEAN",
     "CONFIG_COLUMNS", "METRIC_FALLBACK", "MILES_LOG", "MILES_INFO",
     # the gain (labkit.analysis.gains)
     "run_gains", "group_gains", "window_rewards", "bootstrap_gain", "inside_one_range", "Verdict",
     "EARLY", "LATE", "REFERENCE", "SETTINGS", "refuse_mixed_settings",
-    "reward_at_ends", "end_windows", "reward_rise",
+    "reward_at_ends", "reward_parts", "end_windows", "reward_rise",
     # held-out accuracy (labkit.analysis.heldout)
     "heldout_gains", "group_heldout", "heldout_verdict", "read_evaluations",
     # the cost (labkit.analysis.costs)

@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 
 from labkit.metrics import STEP
-from labkit.analysis.runframe import (REWARD, AnalysisError, Runs, as_runs, is_constructed,
-                                      steps_text)
+from labkit.analysis.runframe import (REWARD, RIGHT, AnalysisError, Runs, as_runs,
+                                      is_constructed, steps_text)
 
 EARLY = (0, 7)  # the course's windows: steps 0-7 and 16-23 of a 24-step run
 LATE = (16, 23)
@@ -121,6 +121,27 @@ def reward_at_ends(metrics: pd.DataFrame) -> tuple[float, float, int]:
     return float(rewards[:k].mean()), float(rewards[-k:].mean()), k
 
 
+def reward_parts(metrics: pd.DataFrame) -> pd.DataFrame:
+    """The reward of a run's first and last third of steps (reward_at_ends) taken apart: one
+    row per third, with its steps, the mean reward, the share of answers right (the answers
+    that got the full reward, 1) and the rest of the reward, what `--rm-type math_format`
+    paid for a wrong number in the asked format (0 with `math`). AnalysisError for a run
+    that logged no share of right answers (rollout/right_frac: runs before it was logged)."""
+    scored, k = _thirds(metrics)
+    if RIGHT not in scored or scored[RIGHT].isna().any():
+        raise AnalysisError(f"the run logs no {RIGHT} (the share of answers right) for every "
+                            f"step; it was made before labkit logged it, so its reward cannot "
+                            f"be taken apart")
+    rows = {}
+    for name, part in (("first", scored.iloc[:k]), ("last", scored.iloc[-k:])):
+        steps = part[STEP].astype(int)
+        reward, right = float(part[REWARD].mean()), float(part[RIGHT].mean())
+        rows[f"{name} {k} steps ({steps.iat[0]}-{steps.iat[-1]})"] = {
+            "mean reward": reward, "answers right": right,
+            "format credit": max(reward - right, 0.0)}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
 def end_windows(metrics: pd.DataFrame) -> tuple[tuple[int, int], tuple[int, int]]:
     """The steps reward_at_ends averages, as (first, last) windows for reward_curve's
     `early` and `late`: the plot then shades what the launcher's line reports."""
@@ -143,10 +164,18 @@ def reward_rise(runs: Runs) -> pd.DataFrame:
     steps, minutes (the steps' own time, perf/step_time summed), start and end (mean reward
     of the first and of the last third of its steps), rise (end - start), rise_per_step
     (over the steps between the two thirds' middles), rise_per_minute, and all_equal (the
-    mean share of groups whose answers all got one reward: they teach nothing)."""
+    mean share of groups whose answers all got one reward: they teach nothing), and
+    right_rise (how far the share of answers right rose between the same thirds: the part
+    of the rise that is right answers, not format credit; NaN for a run that does not log
+    it)."""
     rows = []
     for name, run in as_runs(runs).groupby("run", sort=False):
         start, end, _ = reward_at_ends(run)
+        try:
+            right = reward_parts(run)["answers right"]
+            right_rise = float(right.iat[1] - right.iat[0])
+        except AnalysisError:
+            right_rise = float("nan")
         minutes = float(pd.to_numeric(run.get("perf/step_time"), errors="coerce").sum()) / 60
         steps = len(run)
         rows.append(dict(run=name, group_size=int(run.group_size.iat[0]), seed=run.seed.iat[0],
@@ -154,7 +183,8 @@ def reward_rise(runs: Runs) -> pd.DataFrame:
                          rise_per_step=(end - start) / max(steps - steps // 3, 1),
                          rise_per_minute=(end - start) / minutes if minutes else float("nan"),
                          all_equal=float(pd.to_numeric(run.get("rollout/zero_std/frac_groups"),
-                                                       errors="coerce").mean())))
+                                                       errors="coerce").mean()),
+                         right_rise=right_rise))
     return pd.DataFrame(rows)
 
 

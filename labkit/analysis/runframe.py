@@ -33,6 +33,7 @@ from labkit.metrics import STEP
 from labkit.runlog import CONFIG, HEAT, METRICS, STATUS, read_jsonl
 
 REWARD = "rollout/raw_reward"
+RIGHT = "rollout/right_frac"  # the share of answers that got the full reward: the right ones
 ROLLOUT_TIME = "perf/rollout_time"
 TOKENS = "rollout/tokens"
 RESPONSE_LEN = "rollout/response_len/mean"
@@ -119,6 +120,25 @@ def load_runs(paths: PathLike | Sequence[PathLike], *, constructed: bool = False
                                if made_up else ""))
     runs = pd.concat(frames, ignore_index=True)
     return runs.sort_values(["group_size", "run", STEP], kind="stable", ignore_index=True)
+
+
+def with_steps(runs: Sequence) -> list[Path]:
+    """The folders of `runs` (Run objects, as labkit.launch_many returns, or run folders) that
+    have logged a step, in order; a line on stderr for each left out (a run stopped before
+    its first step: launching it again with resume continues it). AnalysisError when none
+    has: there is nothing to read yet."""
+    kept, left_out = [], []
+    for run in runs:
+        folder = Path(getattr(run, "dir", run))
+        rows, _ = read_jsonl(folder / METRICS)
+        (kept if rows else left_out).append(folder)
+    for folder in left_out:
+        print(f"left out: run {folder.name} has no finished step yet (it stopped before its "
+              f"first; launched again with resume=True it continues)", file=sys.stderr)
+    if not kept:
+        raise AnalysisError("no run has a finished step yet; run the cell that launched them "
+                            "again (with resume=True it continues them)")
+    return kept
 
 
 def _is_copy(path: Path, seen: dict) -> bool:

@@ -11,10 +11,12 @@ followed by a check cell, `labkit.course.exercises.check("1.1.2", global_batch_1
 with labkit's own functions (RunConfig's batch check, compute_advantages, replay,
 run_gains, ...), so an answer is judged on the student's data.
 
-What a check cell says comes in three steps, so that the first run does not give the
-solution away: an unanswered exercise gets a *nudge* (where to look, no code); a wrong
-answer gets what is wrong with it and the *hint* (the code to write); a right one gets
-"Exercise 1.1.1: correct.".
+What a check cell says comes in steps, so that no first try gives the solution away: an
+unanswered exercise gets a *nudge* (where to look, no code); a first wrong answer gets what
+is wrong with it and the nudge again; only a later, different wrong answer gets the *hint*
+(the code to write); a right one gets "Exercise 1.1.1: correct.". The wrong answers are
+counted per exercise in the kernel (`forget_tries` starts over), so running a check cell
+again with the same answer does not give the code away either.
 
 A check cell never stops the notebook: in JupyterLab it prints its line, so Run All goes
 on to the cells below. Grading is the one place where a check raises: when
@@ -68,6 +70,8 @@ class Exercise:
 
 
 EXERCISES: dict[str, Exercise] = {}
+HINT_AFTER = 2  # the hint (the code) comes with the second different wrong answer
+_tries: dict[str, set[str]] = {}  # exercise id -> the wrong answers seen in this kernel
 
 
 def exercise(id: str, task: str, *, nudge: str, hint: str):
@@ -86,8 +90,9 @@ def grading(env: Optional[dict] = None) -> bool:
 
 def verdict(id: str, answer: Any, **given) -> tuple[bool, str]:
     """(right, what a check cell shows) for `answer` to exercise `id`: the verdict on the first
-    line, the nudge or hint below it. Never raises for an answer, whatever it is; raises
-    KeyError for an unknown exercise id."""
+    line, then the nudge (unanswered, or a first wrong answer) or the hint with the code (from
+    the HINT_AFTER-th different wrong answer on). Never raises for an answer, whatever it is;
+    raises KeyError for an unknown exercise id."""
     if id not in EXERCISES:
         raise KeyError(f"no exercise {id!r}; known: {', '.join(EXERCISES)}")
     ex = EXERCISES[id]
@@ -98,11 +103,36 @@ def verdict(id: str, answer: Any, **given) -> tuple[bool, str]:
     try:
         ex.grade(answer, **given)
     except _Wrong as wrong:
-        return False, _lines(f"Exercise {id}: not yet. {wrong}", f"Hint: {ex.hint}")
+        why = str(wrong)
     except Exception as e:  # an answer of a shape the grader did not foresee
-        return False, _lines(f"Exercise {id}: not yet. This answer could not be graded "
-                             f"({type(e).__name__}: {e}).", f"Hint: {ex.hint}")
-    return True, f"Exercise {id}: correct."
+        why = f"This answer could not be graded ({type(e).__name__}: {e})."
+    else:
+        return True, f"Exercise {id}: correct."
+    tries = _tries.setdefault(id, set())
+    tries.add(_answer_key(answer))
+    if len(tries) >= HINT_AFTER:
+        return False, _lines(f"Exercise {id}: not yet. {why}", f"Hint: {ex.hint}")
+    return False, _lines(f"Exercise {id}: not yet. {why}", f"Look again: {ex.nudge}",
+                         "Change your answer and run both cells again; after another wrong "
+                         "answer this cell shows a hint with the code.")
+
+
+def forget_tries(id: Optional[str] = None) -> None:
+    """Forget the wrong answers seen so far (of exercise `id`, or of all): the next wrong
+    answer gets the nudge again, not the code."""
+    if id is None:
+        _tries.clear()
+    else:
+        _tries.pop(id, None)
+
+
+def _answer_key(answer: Any) -> str:
+    """What makes two answers the same try: their text, shortened (a tensor or a frame too)."""
+    try:
+        text = repr(answer)
+    except Exception:  # noqa: BLE001 - an object whose repr fails is one try of its own
+        text = f"<{type(answer).__name__} at {id(answer):x}>"
+    return text[:2000]
 
 
 def _lines(first: str, *more: str, width: int = 88) -> str:
@@ -349,6 +379,10 @@ def _grade_gain(answer, *, runs, run: str) -> None:
 
     if _close(gain, mean(16, int(reward.index.max())) - mean(0, 7)) and reward.index.max() > 23:
         raise _Wrong("the late window stops at step 23; this run goes on past it.")
+    if _close(gain, mean(16, 23) - mean(0, 8)):
+        raise _Wrong("your early window includes step 8; it is steps 0 to 7.")
+    if _close(gain, mean(15, 23) - mean(0, 7)):
+        raise _Wrong("your late window includes step 15; it is steps 16 to 23.")
     if _close(gain, mean(16, 22) - mean(0, 6)) or _close(gain, mean(17, 23) - mean(1, 7)):
         raise _Wrong("each window has 8 steps, both ends included.")
     if np.isclose(gain, mean(0, 7)) or np.isclose(gain, mean(16, 23)):

@@ -9,6 +9,11 @@ can be graded. The first cell of
 each notebook is `PROFILE = labkit.course.profiles.pick()`: the GPU when there is one, else the
 CPU, and the environment variable LABKIT_PROFILE overrides both.
 
+On a GPU box without the hub, LABKIT_MODEL and LABKIT_DATA (labkit.config) name local
+copies of the recipe's model (a folder or a GGUF) and of GSM8K; the `gpu` profile, made
+from the recipe, uses them, and says so. miles trains a Hugging Face checkpoint, so lesson
+1.1's miles script names the recipe's hub model then (`miles_config`).
+
 The lessons also need to find the course's data from wherever the notebook is opened
 (notebooks/ or notebooks/students/): the raw runs (data/runs, or LABKIT_RUNS_DIR, which
 is how tests and CI point a lesson at constructed runs) and the recorded 503 incident
@@ -18,10 +23,12 @@ is how tests and CI point a lesson at constructed runs) and the recorded 503 inc
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Mapping, Optional
 
-from labkit.config import EMBEDDED_MODEL, RECIPE_MODEL, ConfigError, RunConfig
+from labkit.config import (DATA_ENV, EMBEDDED_MODEL, MODEL_ENV, RECIPE_MODEL, ConfigError,
+                           RunConfig)
 
 PROFILE_ENV = "LABKIT_PROFILE"
 RUNS_ENV = "LABKIT_RUNS_DIR"
@@ -70,16 +77,36 @@ def pick(env: Optional[Mapping[str, str]] = None, *, gpu: Optional[bool] = None,
     return name
 
 
-def describe(profile: str) -> str:
-    """What a profile's launch runs, read from its preset (so the text follows the preset)."""
+def describe(profile: str, env: Optional[Mapping[str, str]] = None) -> str:
+    """What a profile's launch runs, read from its preset (so the text follows the preset),
+    naming a local copy set by LABKIT_MODEL or LABKIT_DATA (`env`, default os.environ)."""
     cfg = RunConfig.preset(PROFILES[profile])
+    env = os.environ if env is None else env
     model = {RECIPE_MODEL: RECIPE_MODEL, EMBEDDED_MODEL: "SmolLM2-135M (embedded)"}.get(
         cfg.model, cfg.model)
+    if cfg.model == (env.get(MODEL_ENV) or "").strip():
+        model = f"{cfg.model} (${MODEL_ENV})"
     data = "made-up problems" if cfg.data == "synthetic" else cfg.data
+    if cfg.data == (env.get(DATA_ENV) or "").strip():
+        data = f"{cfg.data} (${DATA_ENV})"
     steps = f"{cfg.num_rollout} step{'s' if cfg.num_rollout != 1 else ''}"
     return (f"{'the recipe: ' if profile == 'gpu' else ''}{model} on {data}, "
             f"{cfg.rollout_batch_size} prompts x {cfg.n_samples_per_prompt} answers, "
             f"at most {cfg.rollout_max_response_len} tokens, {steps}")
+
+
+def miles_config(profile: str) -> RunConfig:
+    """The config lesson 1.1 shows as a miles script: the `gpu` profile's run, or the recipe
+    on the `cpu` profile, with the recipe's hub model in place of a model miles cannot
+    take as it is (a local copy set by LABKIT_MODEL, a GGUF, the embedded model); then
+    prints a note that says so."""
+    cfg = config(profile) if profile == "gpu" else RunConfig.preset(PROFILES["gpu"])
+    if cfg.model == RECIPE_MODEL:
+        return cfg
+    print(f"note: this machine's runs train {cfg.model}; the script names the recipe's "
+          f"{RECIPE_MODEL}, the Hugging Face checkpoint miles trains (put a copy where "
+          f"HF_CHECKPOINT says, or set HF_CHECKPOINT)")
+    return cfg.replace(model=RECIPE_MODEL)
 
 
 def plain_warnings() -> None:
@@ -110,12 +137,96 @@ def config(profile: str, **changes) -> RunConfig:
     return RunConfig.preset(PROFILES[profile], **values).check()
 
 
+# Lesson 1.3's rerun cell: the group sizes it runs side by side (GPU) or one after another (CPU)
+RERUN_ANSWERS: dict[str, tuple[int, ...]] = {"cpu": (2, 8), "gpu": (4, 8, 16)}
+
+
+def rerun_configs(profile: str, answers: Optional[tuple[int, ...]] = None) -> list[RunConfig]:
+    """The configs of lesson 1.3's rerun cell: the profile's run with `answers` answers per
+    prompt (default RERUN_ANSWERS: 2 and 8 on a CPU, 4, 8 and 16 on a GPU), each with the
+    matching --global-batch-size (one optimizer step per rollout) and a fixed run name,
+    `rerun-<profile>-n<answers>`, so that launching them again with resume=True continues
+    what a stop left (labkit.launch_many)."""
+    base = config(profile)
+    return [base.replace(n_samples_per_prompt=n, global_batch_size=base.rollout_batch_size * n,
+                         run_name=f"rerun-{profile}-n{n}").check()
+            for n in (answers or RERUN_ANSWERS[profile])]
+
+
 def _near(path: Path) -> Path:
     """`path` relative to the working folder when both are inside the repository, else as is."""
     root, here = course_root(), Path.cwd().resolve()
     if here == root or root in here.parents:
         return Path(os.path.relpath(path, here))
     return path
+
+
+class AfterStep(threading.Thread):
+    """Calls `function(*args)` once a new run under `output_dir` has logged step `step`, from a
+    thread: lesson 1.1 presses ■ (SIGINT to its own kernel) this way, in the middle of a run
+    whatever the machine's pace, and never while the model is still loading. `cancel()`
+    (after the run) keeps it from calling at all."""
+
+    def __init__(self, output_dir, step: int, function, *args, poll_s: float = 0.2):
+        super().__init__(daemon=True)
+        self.output_dir, self.step, self.poll_s = Path(output_dir), step, poll_s
+        self.function, self.args = function, args
+        self.finished = threading.Event()
+        self.called = False
+        self._old = set(self._runs())
+
+    def _runs(self) -> list[Path]:
+        return [p for p in self.output_dir.glob("*") if p.is_dir()] \
+            if self.output_dir.is_dir() else []
+
+    def _logged(self, run_dir: Path) -> bool:
+        from labkit.runlog import METRICS
+
+        try:
+            lines = (run_dir / METRICS).read_text().splitlines()
+        except OSError:
+            return False
+        return len([line for line in lines if line.strip()]) > self.step
+
+    def run(self) -> None:
+        while not self.finished.wait(self.poll_s):  # wakes at once on cancel()
+            if any(self._logged(p) for p in self._runs() if p not in self._old):
+                self.finished.set()
+                self.called = True
+                self.function(*self.args)
+
+    def cancel(self) -> None:
+        self.finished.set()
+
+
+def after_step(cfg: RunConfig, step: int, function, *args) -> AfterStep:
+    """A thread (not started) that calls `function(*args)` once a run of `cfg` started from now
+    on has logged step `step` (see AfterStep); `start()` it before the launch."""
+    return AfterStep(cfg.output_dir, step, function, *args)
+
+
+def checkpoints(folder: Optional[Path] = None):
+    """The checkpoints kept in the run folders under `folder` (default: the repository's runs/,
+    where the lessons write): a DataFrame with one row per run folder that holds one, its
+    step, its size in GB and the folder to delete when the run need not resume. A completed
+    run keeps none; a run stopped with ■ keeps one (1.6 GB on the CPU profile)."""
+    import pandas as pd
+
+    from labkit.checkpoint import latest_checkpoint
+    from labkit.runlog import CHECKPOINT, RunLogError
+
+    folder = Path(folder) if folder is not None else _near(course_root() / "runs")
+    rows = []
+    for run_dir in sorted(p.parent for p in folder.glob(f"*/{CHECKPOINT}") if p.is_dir()):
+        files = [f for f in (run_dir / CHECKPOINT).rglob("*") if f.is_file()]
+        try:
+            found = latest_checkpoint(run_dir)
+        except RunLogError:
+            found = None
+        rows.append({"run": run_dir.name, "after step": found[0] if found else None,
+                     "GB": round(sum(f.stat().st_size for f in files) / 1e9, 2),
+                     "delete to free it": str(run_dir / CHECKPOINT)})
+    return pd.DataFrame(rows, columns=["run", "after step", "GB", "delete to free it"])
 
 
 # ------------------------------------------------------------------ where the data lives

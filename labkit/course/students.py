@@ -199,8 +199,8 @@ def write_students(src_dir: Path, out_dir: Optional[Path] = None, *,
 
 def stale_students(src_dir: Path, out_dir: Optional[Path] = None) -> list[str]:
     """What differs between the copies in out_dir and what src_dir's notebooks give: one line
-    per stale (its source changed), edited (by a student), missing or extra file (empty
-    when they match)."""
+    per missing, stale (labkit wrote it from an older source), edited (solved, run or saved
+    since labkit wrote it) or extra file (empty when they match)."""
     out_dir = Path(out_dir) if out_dir else Path(src_dir) / STUDENTS
     wanted = student_texts(Path(src_dir))
     problems = []
@@ -208,10 +208,16 @@ def stale_students(src_dir: Path, out_dir: Optional[Path] = None) -> list[str]:
         path = out_dir / name
         if not path.exists():
             problems.append(f"{path}: missing")
-        elif (old := path.read_text(encoding="utf-8")) != text:
-            problems.append(f"{path}: stale (its source {name} changed)" if as_written(old) else
-                            f"{path}: edited since labkit wrote it (solved, run or saved); "
-                            f"`labkit students` keeps it, --force overwrites it")
+            continue
+        old = path.read_text(encoding="utf-8")
+        if old == text:
+            continue
+        if as_written(old):
+            problems.append(f"{path}: stale (its source {name} changed since labkit wrote it)")
+        else:
+            problems.append(f"{path}: edited since labkit wrote it (solved, run or saved: it may "
+                            f"hold a student's answers); labkit students keeps it, --force "
+                            f"overwrites it")
     for path in sorted(out_dir.glob("*.ipynb")) if out_dir.is_dir() else []:
         if path.name not in wanted:
             problems.append(f"{path}: extra (no source notebook {path.name})")

@@ -18,7 +18,11 @@ one sleep-mode engine per process. `labkit.close()` releases everything.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Hashable, Optional
 
 import torch
@@ -95,10 +99,38 @@ def drop_engine() -> None:
         engine.close()
 
 
-def close() -> None:
-    """Release what this process keeps: the engine (closed) and the policy."""
+def close() -> bool:
+    """Release what this process keeps: the engine (closed) and the policy, and hand the freed
+    memory back to the system (without that, a CPU run's 4.6 GB stayed at 3.9 GB after the
+    policy went; with it, 0.4 GB). Returns whether anything was kept."""
     global _kept
+    was_kept = _kept is not None
     drop_engine()
     _kept = None
+    gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+    _trim_heap()
+    return was_kept
+
+
+def _trim_heap() -> None:
+    """Return the C heap's free pages to the system (glibc's malloc_trim); elsewhere nothing."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:  # no C library to load: nothing to trim
+        pass
+
+
+def memory_in_use_gb() -> Optional[float]:
+    """This process's resident memory in GB (Linux: /proc/self/status), None where unknown."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 2**20  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
