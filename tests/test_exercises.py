@@ -723,21 +723,36 @@ def test_checkpoints_lists_the_run_folders_that_keep_one(tmp_path, tiny_cfg):
     assert profiles.checkpoints(tmp_path / "nothing-here").empty
 
 
-def test_after_step_presses_once_a_new_run_logged_the_step(tiny_cfg, capsys):
+def test_after_step_presses_once_a_new_run_logged_the_step(tiny_cfg, capsys, monkeypatch):
     import os
     import signal
+    import threading
 
+    from labkit import trainer
     from labkit.trainer import train
 
     labkit.launch(tiny_cfg.replace(run_name="before", num_rollout=1))  # there before: ignored
     cfg = tiny_cfg.replace(run_name="pressed", num_rollout=3)
-    press = profiles.after_step(cfg, 0, os.kill, os.getpid(), signal.SIGINT)  # ■ after step 0
+    pressed = threading.Event()
+
+    def press_stop():
+        os.kill(os.getpid(), signal.SIGINT)
+        pressed.set()
+
+    advance = trainer._advance
+
+    def held_after_its_step(bar, metrics):  # the run waits for the press after each step
+        advance(bar, metrics)
+        pressed.wait(timeout=120)
+
+    monkeypatch.setattr(trainer, "_advance", held_after_its_step)
+    press = profiles.after_step(cfg, 0, press_stop)  # ■ once step 0 is logged
     press.start()
     stopped = train(cfg)
     press.cancel()
-    assert press.called
-    # the press lands during step 1 (or, on a fast machine, between steps): a clean stop
-    assert stopped.status["reason"] == "signal" and stopped.status["last_step"] in (0, 1)
+    assert press.called and pressed.is_set()
+    assert stopped.status["reason"] == "signal" and stopped.status["last_step"] == 0
+    monkeypatch.undo()
     resumed = train(cfg, resume=stopped.dir)
     assert resumed.metrics["rollout/step"].tolist() == [0, 1, 2]
     idle = profiles.after_step(cfg, 0, pytest.fail, "called after cancel")

@@ -363,8 +363,10 @@ def test_flags_with_no_miles_equivalent_are_said_to_be_ignored(flag, value, tmp_
 def test_the_held_out_evaluation_and_save_interval_0_are_said_in_the_script():
     script = miles_backend.render_script(RunConfig(), explicit=set())
     header = script.split("set -euo pipefail")[0]
-    assert "# --eval-split-size: 1319 held-out problems" in header
-    assert "after the last (--eval-interval = --num-rollout)" in header
+    assert "# --eval-split-size: the whole test split (auto" in header
+    assert "# --eval-split-size: 50 held-out problems" in miles_backend.render_script(
+        RunConfig(eval_split_size=50), explicit=set())
+    assert "after the last\n#   (--eval-interval = --num-rollout)" in header
     assert "# --save-interval 0: labkit keeps a checkpoint only for --resume" in header
     assert "keeps it" in header
     assert "--eval-split-size" not in miles_backend.render_script(RunConfig(eval_split_size=0),

@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Iterable, Optional
 
 from labkit.config import RECIPE_MODEL, RunConfig
 from labkit.miles.command import (INPUT_KEY, LABEL_KEY, MILES_CHECKED, MilesUnsupported,
-                                  build_command, default_differences, entry_point, flag_notes,
-                                  format_differences, total_gpus)
+                                  build_command, default_differences, entry_point, evaluates,
+                                  flag_notes, format_differences, total_gpus)
 from labkit.miles.log import LOG, TRAIN_ARGS
 
 if TYPE_CHECKING:
@@ -196,7 +196,7 @@ def render_script(
     """
     argv = build_command(cfg, explicit=explicit, model_path=model_path, data_path=data_path,
                          eval_data_path=eval_data_path, gpus=gpus, save_dir=save_dir)
-    held_out = cfg.eval_split_size > 0
+    held_out = evaluates(cfg)
     eval_lines = (f': "${{EVAL_DATA:=$HERE/{EVAL_PROMPTS}}}"\n'
                   f'[ -f "$EVAL_DATA" ] || die "no held-out prompts at $EVAL_DATA"\n'
                   if held_out else "")
@@ -349,7 +349,7 @@ def launch(cfg: RunConfig, *, explicit: Iterable[str], dry_run: bool, out_dir: O
         print(f"labkit launch --backend miles: {e}", file=sys.stderr)
         return 2
     print(f"\nwrote {run_dir / SCRIPT}, {run_dir / PROMPTS}"
-          + (f", {run_dir / EVAL_PROMPTS}" if cfg.eval_split_size > 0 else "")
+          + (f", {run_dir / EVAL_PROMPTS}" if evaluates(cfg) else "")
           + (f", {run_dir / rm_file.name}" if rm_file is not None else ""))
     print(f"copy {run_dir} to the cluster, then run:  bash {run_dir / SCRIPT}\n"
           f"read it back:  labkit.miles.read_miles_log('{run_dir / LOG}')")
@@ -366,7 +366,7 @@ def write_run_folder(cfg: RunConfig, run_dir: Path, script: str, *, explicit: It
 
     run_dir.mkdir(parents=True, exist_ok=True)
     write_prompt_data(ordered_problems(cfg), run_dir / PROMPTS, cfg.prompt_examples)
-    if cfg.eval_split_size > 0:
+    if evaluates(cfg):
         held_out = split_eval(cfg.data, cfg.eval_split_size, synthetic_steps=cfg.synthetic_steps)
         write_prompt_data(held_out, run_dir / EVAL_PROMPTS, cfg.prompt_examples)
     rm_file = custom_rm_file(cfg.custom_rm_path)

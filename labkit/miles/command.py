@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Iterable, Optional
 
 from labkit.config import EMBEDDED_MODEL, RECIPE_MODEL, RunConfig
@@ -141,6 +142,14 @@ def refuse_unsupported(cfg: RunConfig, explicit: Iterable[str]) -> None:
 
 
 # ------------------------------------------------------------------ the command
+def evaluates(cfg: RunConfig) -> bool:
+    """Whether the miles job evaluates held-out problems: --eval-split-size N > 0, or auto (the
+    whole test split, as labkit does on GPU engines) when the data has a test split."""
+    if cfg.eval_split_size is None:
+        return cfg.data in ("gsm8k", "synthetic") or not Path(cfg.data).expanduser().is_file()
+    return cfg.eval_split_size > 0
+
+
 def build_command(
     cfg: RunConfig, *, explicit: Iterable[str], model_path: Optional[str] = None,
     data_path: Optional[str] = None, eval_data_path: Optional[str] = None, gpus: int = 1,
@@ -179,7 +188,7 @@ def build_command(
     # held-out evaluation, greedy (top-k 1), one answer per problem. miles evaluates before
     # the first rollout and after every K-th; K = --num-rollout is labkit's "before the first
     # step and after the last"
-    if cfg.eval_split_size > 0:
+    if evaluates(cfg):
         a += ["--eval-interval", str(cfg.eval_interval) if cfg.eval_interval > 0 else num_rollout,
               "--eval-prompt-data", EVAL_NAME, eval_data_path or "$EVAL_DATA",
               "--n-samples-per-eval-prompt", "1",
@@ -294,13 +303,14 @@ def flag_notes(cfg: RunConfig, explicit: Iterable[str], gpus: int = 1) -> list[t
     for name, why in IGNORED.items():
         if name in explicit and getattr(cfg, name) != getattr(default, name):
             notes.append((_flag(name), f"no miles equivalent, ignored: {why}", True))
-    if cfg.eval_split_size > 0:
+    if evaluates(cfg):
         k = cfg.eval_interval
         every = (f"after every {k} rollouts" if k > 0 else
                  "after the last (--eval-interval = --num-rollout)")
         lost = k > 0 and cfg.num_rollout % k != 0 and not cfg.overlap_rollout
         notes.append(("--eval-split-size",
-                      f"{cfg.eval_split_size} held-out problems, greedy, as miles' evaluation "
+                      (f"{cfg.eval_split_size} held-out problems" if cfg.eval_split_size else
+                       "the whole test split (auto, as labkit does on a GPU)") + f", greedy, as miles' evaluation "
                       f"(--eval-prompt-data {EVAL_NAME}): before the first rollout and {every}"
                       + (f"; not after the last, where labkit evaluates too ({cfg.num_rollout} "
                          f"rollouts is not a multiple of {k})" if lost else ""), lost))
