@@ -53,7 +53,8 @@ def load_model(name: str, device):
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
         torch.manual_seed(0)
-        return Qwen2ForCausalLM(Qwen2Config(**QWEN25_05B)).float().to(device)
+        with torch.device(device):  # built where it runs: no copy of 0.5B weights
+            return Qwen2ForCausalLM(Qwen2Config(**QWEN25_05B)).float()
     return load_policy(resolve_model(name), torch.float32, device)
 
 
@@ -100,7 +101,7 @@ def made_up_rollout(samples: int, vocab: int, max_len: int, seed: int):
 
 def time_variant(model, optimizer, cfg, batch, *, separate_old: bool, autocast, repeats: int,
                  profile: bool = False):
-    seconds, micro = [], 0
+    seconds, spans, micro = [], [], 0
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     for k in range(repeats + 1):  # the first is a warm-up
@@ -117,6 +118,7 @@ def time_variant(model, optimizer, cfg, batch, *, separate_old: bool, autocast, 
             torch.cuda.synchronize()
         if k:
             seconds.append(time.perf_counter() - start)
+            spans.append((round(time.time() - seconds[-1], 3), round(time.time(), 3)))
         micro = stats["train/micro_batches"]
     if profile and torch.cuda.is_available():
         from torch.profiler import ProfilerActivity, profile as torch_profile
@@ -134,7 +136,8 @@ def time_variant(model, optimizer, cfg, batch, *, separate_old: bool, autocast, 
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     return {"median_s": statistics.median(seconds), "runs_s": [round(s, 3) for s in seconds],
-            "micro_batches": micro, "peak_gpu_gib": peak, "peak_reserved_gib": reserved}
+            "micro_batches": micro, "peak_gpu_gib": peak, "peak_reserved_gib": reserved,
+            "spans": spans}
 
 
 def main() -> int:

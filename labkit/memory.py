@@ -8,15 +8,20 @@ each set by the config and the model's size:
 * `trainer`: float32 master weights, their gradients and AdamW's two moments (16 bytes a
   parameter), and autocast's bfloat16 copy of the weights (2 more);
 * `update`: one micro-batch's activations, which grow with `--max-tokens-per-gpu` (the
-  bytes per token of the model's layers), and the LM head's chunk (labkit.logprobs);
+  bytes per token of the model's layers), the LM head's chunks (labkit.logprobs), and what
+  torch's caching allocator keeps reserved beside them;
 * `engine`: vLLM's bfloat16 weights, its KV cache (`--rollout-kv-cache-gb`), and its own
   buffers (CUDA graphs, sampling).
 
-The per-token and fixed figures are measured (BENCHMARKS.md, "Several runs on one GPU"):
-whole-process memory read by nvidia-smi, for the recipe's Qwen2.5-0.5B on an H200, and are
-scaled by the model's shape for another one. `plan_runs` refuses, in one line, a set of runs
-that does not fit in the free memory; `fit_max_tokens` picks the largest token budget per
-micro-batch that lets N runs share the card.
+The figures are measured (BENCHMARKS.md, "The update's memory, alone and side by side"):
+whole-process memory (nvidia-smi) of the update of the recipe's Qwen2.5-0.5B on an H200,
+with torch's caching allocator as a run has it, at two token budgets; they are scaled by the
+model's shape for another one. What the caching allocator keeps reserved counts: at 12,288
+tokens it held 41.8 GiB for 28.8 GiB of tensors, and four such processes did not fit on the
+card. The engine's buffers are an estimate (not yet measured beside the update).
+`plan_runs` refuses, in one line, a set of runs that does not fit in the free memory;
+`fit_max_tokens` picks the largest token budget per micro-batch that lets N runs share the
+card.
 """
 
 from __future__ import annotations
@@ -28,14 +33,17 @@ from dataclasses import dataclass
 from labkit.errors import LabkitError
 
 GIB = 2**30
-# Measured on an H200 (BENCHMARKS.md): a process's CUDA context and workspaces, vLLM's own
-# buffers beside its weights and KV cache, and activations per token per layer and hidden
-# unit of the update (bf16 autocast over float32 weights, no gradient checkpointing).
-CONTEXT_GIB = 0.8
+# Measured on an H200 (BENCHMARKS.md): one process's CUDA context and workspaces (0.74 GiB);
+# what torch reserves per padded token of a micro-batch, per layer and hidden unit (41.85 GiB
+# at 12,288 tokens, 68.07 at 24,576: 2.13 MiB a token for Qwen2.5-0.5B; bf16 autocast over
+# float32 weights, no gradient checkpointing); and what the update reserves beyond the
+# trainer's state at any budget (the LM head's chunks, the allocator's cached blocks). vLLM's
+# buffers beside its weights and KV cache (CUDA graphs, sampling) are an estimate.
+CONTEXT_GIB = 0.75
 ENGINE_EXTRA_GIB = 2.0
-ACTIVATION_BYTES_PER_TOKEN_LAYER_UNIT = 84.0  # ~1.8 MB a token for Qwen2.5-0.5B
-CHECKPOINTED_BYTES_PER_TOKEN_LAYER_UNIT = 8.0  # with --gradient-checkpointing
-HEAD_CHUNK_GIB = 1.6  # labkit.logprobs' chunk: float32 logits and their gradient, a few copies
+ACTIVATION_BYTES_PER_TOKEN_LAYER_UNIT = 106.6
+CHECKPOINTED_BYTES_PER_TOKEN_LAYER_UNIT = 8.0  # with --gradient-checkpointing (an estimate)
+UPDATE_FIXED_GIB = 7.35
 HEADROOM = 0.95  # share of the free memory a plan may fill (the allocator fragments)
 DEFAULT_KV_CACHE_GIB = 8.0  # a sweep's engines, when the configs give no KV cache size
 
@@ -100,7 +108,7 @@ def run_memory(cfg, shape: ModelShape) -> RunMemory:
     trainer = shape.params * (16 + 2) / GIB
     tokens = cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else \
         cfg.micro_batch_size * (cfg.rollout_max_response_len + 512)
-    update = activation_gib(shape, tokens, cfg.gradient_checkpointing) + HEAD_CHUNK_GIB
+    update = activation_gib(shape, tokens, cfg.gradient_checkpointing) + UPDATE_FIXED_GIB
     engine = shape.params * 2 / GIB + kv + ENGINE_EXTRA_GIB
     return RunMemory(CONTEXT_GIB, trainer, update, engine)
 

@@ -185,3 +185,20 @@ def test_the_default_token_budget_is_fitted_to_the_share_of_the_gpu(tiny_cfg):
     mine = sweep._shared_gpu(cfg.replace(max_tokens_per_gpu=4096), QWEN05, runs=4, free=139.0)
     assert mine.max_tokens_per_gpu == 4096  # a budget the user chose is kept (and checked)
     assert memory.fit_max_tokens(cfg, QWEN05, 1, 139.0) > memory.fit_max_tokens(cfg, QWEN05, 4, 139.0)
+
+
+def test_the_memory_plan_holds_the_update_as_measured_on_an_h200(tiny_cfg):
+    """BENCHMARKS.md, "The update's memory, alone and side by side": an update-only process of
+    the recipe's model held 42.6 GiB (nvidia-smi) at 12,288 tokens, and torch reserved 68.1 GiB
+    at 24,576; four processes at 12,288 did not fit on the card, so the plan refuses them."""
+    def trainer_side(tokens):
+        m = memory.run_memory(tiny_cfg.replace(max_tokens_per_gpu=tokens, use_dynamic_batch_size=True),
+                              QWEN05)
+        return m.context + m.trainer + m.update
+
+    assert trainer_side(12288) == pytest.approx(42.59, rel=0.03)
+    assert trainer_side(24576) == pytest.approx(68.07 + 0.74, rel=0.03)
+    four = [tiny_cfg.replace(run_name=f"r{i}", max_tokens_per_gpu=12288, use_dynamic_batch_size=True)
+            for i in range(4)]
+    with pytest.raises(memory.GPUMemoryError):
+        memory.plan_runs(four, QWEN05, free_gib=139.8)
