@@ -57,3 +57,17 @@ def test_a_calm_machine_is_not_mentioned(threads):
     assert cpuload.fit_threads(load=0.4, cores=2, env={}) is None
     assert torch.get_num_threads() == 2
     assert cpuload.cpu_cores() >= 1
+
+
+def test_the_load_is_what_other_work_keeps_busy_now_not_the_last_minutes_average():
+    """Two readings of /proc/stat's cpu line: the busy share of the window, in cores (an
+    install that just ended still holds the minute's average near 1, but no core)."""
+    import os
+
+    lines = iter(["cpu  100 0 50 800 50 0 0 0 0 0\n",  # busy 150 of 1000
+                  "cpu  150 0 75 1500 75 0 0 0 0 0\n"])  # +75 busy of +800
+    busy = cpuload.busy_cores(0, read=lambda: next(lines))
+    assert busy == pytest.approx(75 / 800 * (os.cpu_count() or 1))
+    assert cpuload.busy_cores(0, read=lambda: "intr 1 2 3\n") is None  # not the cpu line
+    assert cpuload.busy_cores(0, read=lambda: (_ for _ in ()).throw(OSError("no /proc"))) is None
+    assert cpuload.current_load(0.05) is not None  # this machine answers one way or the other
