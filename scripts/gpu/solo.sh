@@ -12,6 +12,7 @@
 #   solo_kv8        one run alone with the settings a sweep gives each run (fixed 8 GiB KV
 #                   cache, no sleep): its whole-GPU memory is one run's share
 #   sweep4, sweep2  4 and 2 recipe runs side by side (`labkit sweep`, seeds 1-4 / 1-2)
+#   sweep4_mps      sweep4 with NVIDIA MPS (one daemon for the GPU, started and quit here)
 #   lesson_sweep    lesson 1.3's GPU cell: 4, 8 and 16 answers side by side, 24 steps, held-out
 #                   accuracy at both ends, cold
 # session.sh starts it detached (setsid) so it outlives the 10-minute calls; logs go to
@@ -71,6 +72,15 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name sweep4 ;;
     sweep2) job sweep2 360 python -m labkit sweep "${SHORT[@]}" --n-samples-per-prompt 8 --seed 1,2 \
       --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name sweep2 ;;
+    sweep4_mps)
+      export CUDA_MPS_PIPE_DIRECTORY=$SOLO/mps/pipe CUDA_MPS_LOG_DIRECTORY=$SOLO/mps/log
+      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+      nvidia-cuda-mps-control -d >> "$L/mps.log" 2>&1; say "mps daemon: exit $?"
+      job sweep4_mps 420 python -m labkit sweep "${SHORT[@]}" --n-samples-per-prompt 8 --seed 1,2,3,4 \
+        --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name sweep4mps
+      echo quit | nvidia-cuda-mps-control >> "$L/mps.log" 2>&1; say "mps daemon quit: exit $?"
+      cp "$CUDA_MPS_LOG_DIRECTORY"/* "$L/" 2>/dev/null
+      unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
     lesson_sweep) job lesson_sweep 600 python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
       --seed 1 --lr 1e-6 --engine vllm --save-interval -1 --no-progress --model "$M" --data "$D" \
       --output-dir "$SOLO/runs" --run-name lesson ;;

@@ -10,7 +10,8 @@
 # OLD (optional): a folder holding an older checkout's `labkit/` (git archive), timed on the
 # same rollout. Writes under $OUT: solo.json / solo.log, side.json / side.log (one line per
 # process and its updates' wall-clock spans), smi.csv (nvidia-smi per process, every 250 ms,
-# with a line naming each phase), old.json. Each phase has a time limit; what finished stays.
+# with a line naming each phase), side_expandable.json / .log (the same with torch's
+# expandable segments; EXPANDABLE=0 skips it), old.json. Each phase has a time limit; what finished stays.
 set -u
 OUT=${OUT:-out}; N=${N:-4}; BUDGET=${BUDGET:-12288}
 mkdir -p "$OUT"
@@ -30,23 +31,28 @@ timeout 120 "${BENCH[@]}" --budgets "$BUDGET,$((2 * BUDGET))" --full-logits "$BU
   --out "$OUT/solo.json" >> "$OUT/solo.log" 2>&1
 echo "solo exit $?" >> "$OUT/solo.log"
 
-phase "side: $N processes, chunked at $BUDGET"
-pids=()
-for i in $(seq 1 "$N"); do
-  (timeout 150 "${BENCH[@]}" --budgets "$BUDGET" --repeats 3 --out "$OUT/side$i.part" 2>&1 \
-     | sed "s/^/[p$i] /" >> "$OUT/side.log") &
-  pids+=($!)
-done
-wait "${pids[@]}"
-python3 - "$OUT" "$N" <<'EOF'
+side() {  # side NAME [ENV=VALUE ...]: N processes at once, chunked at the budget
+  local name=$1 pids=() i; shift
+  phase "$name: $N processes, chunked at $BUDGET $*"
+  for i in $(seq 1 "$N"); do
+    (env "$@" timeout 150 "${BENCH[@]}" --budgets "$BUDGET" --repeats 3 --out "$OUT/$name$i.part" 2>&1 \
+       | sed "s/^/[p$i] /" >> "$OUT/$name.log") &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  python3 - "$OUT" "$N" "$name" <<'PYEOF'
 import json, pathlib, sys
-out, n = pathlib.Path(sys.argv[1]), int(sys.argv[2])
-parts = {f"p{i}": json.loads(p.read_text()) if (p := out / f"side{i}.part").exists() else None
+out, n, name = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+parts = {f"p{i}": json.loads(p.read_text()) if (p := out / f"{name}{i}.part").exists() else None
          for i in range(1, n + 1)}
-(out / "side.json").write_text(json.dumps(parts, indent=1))
-for p in out.glob("side*.part"):
+(out / f"{name}.json").write_text(json.dumps(parts, indent=1))
+for p in out.glob(f"{name}*.part"):
     p.unlink()
-EOF
+PYEOF
+}
+side side
+# the same with torch's expandable segments: what the allocator then reserves beyond its tensors
+if [ "${EXPANDABLE:-1}" = 1 ]; then side side_expandable PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; fi
 
 if [ -n "${OLD:-}" ] && [ -d "$OLD/labkit" ]; then
   phase "old: $OLD's update at $BUDGET"
