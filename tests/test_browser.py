@@ -1,16 +1,20 @@
-"""A student's copy of lesson 1.2 in JupyterLab, in a real browser: Run All runs every cell.
+"""Students' copies of lessons 1.2 and 1.1 in JupyterLab, in a real browser: Run All runs every
+cell, and a stop pressed during 1.1's launch leaves a run that resumes.
 
 What a student does first: open the lesson, Run > Run All Cells, read. This test does the
 same in headless Chromium (Debian's `chromium`, driven by Playwright's Python package; no
 browser is downloaded) against a JupyterLab started for it: as this user (with
 --allow-root when that is root), on a free loopback port, with a token and a temporary
 HOME, config and settings folder, on the students' copy as `labkit students` writes it from
-the teachers' notebook, in a temporary folder. So the copy in notebooks/students/, which a
-student may have solved, is neither read nor touched (`labkit students --check` holds the
-committed copy to the same text). It checks that every code cell ran, that the
-plots came out as PNG images, and that each unsolved exercise's check printed its not-yet
-line (a check cell never stops Run All). A screenshot of the page is kept in the test's
-temporary folder, and in $LABKIT_SCREENSHOTS when set.
+the teachers' notebook, in a temporary folder laid out as a checkout (the lesson's runs
+land there). So the copy in notebooks/students/, which a student may have solved, is
+neither read nor touched (`labkit students --check` holds the committed copy to the same
+text). Lesson 1.2: every code cell ran, the plots came out as PNG images, and each unsolved
+exercise's check printed its not-yet line (a check cell never stops Run All). Lesson 1.1:
+Kernel > Interrupt Kernel (the ■ button) once the launch cell's run has logged a step; the
+run stops after its step with a checkpoint, Run All goes on to the last cell, and
+`labkit launch --resume` continues the run with each step logged once. A screenshot of the
+page is kept in the test's temporary folder, and in $LABKIT_SCREENSHOTS when set.
 
 Skipped, with the reason, without chromium, playwright or JupyterLab: `pytest -q` alone
 skips it. `.ci/run` installs both and sets LABKIT_REQUIRE_BROWSER, which turns the skip into
@@ -19,6 +23,7 @@ a failure, so CI cannot pass without running it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -84,17 +89,25 @@ def _write_settings(folder: Path) -> None:
 
 
 @pytest.fixture()
-def lab(tmp_path):
-    """(base URL, token, notebook name) of a JupyterLab serving a copy of the lesson."""
+def lab(tmp_path, request):
+    """(base URL, token, notebook path) of a JupyterLab serving a students' copy of the lesson
+    (lesson 1.2, or the one a test names with `@pytest.mark.parametrize("lab", [NAME],
+    indirect=True)`), in the folder `tmp_path / "lab"`."""
+    lesson = getattr(request, "param", LESSON)
     missing = _missing()
     if missing and os.environ.get("LABKIT_REQUIRE_BROWSER"):
         pytest.fail(f"LABKIT_REQUIRE_BROWSER is set, but: {missing}")
     if missing:
         pytest.skip(missing)
     root, home = tmp_path / "lab", tmp_path / "home"
-    root.mkdir()
+    # laid out as a student's checkout: the lesson in notebooks/, beside labkit/ and data/
+    # (links to this one's), so the lesson's own runs go to this folder's runs/
+    # (labkit.course.profiles.course_root), not to the repository's
+    (root / "notebooks").mkdir(parents=True)
+    for folder in ("labkit", "data"):
+        (root / folder).symlink_to(REPO / folder, target_is_directory=True)
     home.mkdir()
-    (root / LESSON).write_text(fresh_copy(), encoding="utf-8")
+    (root / "notebooks" / lesson).write_text(fresh_copy(name=lesson), encoding="utf-8")
     _write_settings(tmp_path / "settings")
     port, token = _free_port(), "labkit-browser-test"
     env = {k: v for k, v in os.environ.items()
@@ -115,7 +128,7 @@ def lab(tmp_path):
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_for(f"{url}/api/status?token={token}", server, tmp_path / "jupyterlab.log")
-        yield url, token, LESSON
+        yield url, token, f"notebooks/{lesson}"
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the server and the kernels it started
         try:
@@ -162,16 +175,12 @@ def _prompts(page) -> list[str]:
                                      "nodes => nodes.map(n => n.textContent.trim())")
 
 
-def test_run_all_on_a_students_copy_runs_every_cell(lab, tmp_path):
+@contextlib.contextmanager
+def _lesson_page(lab):
+    """The lesson open in headless Chromium, its kernel up and idle; the browser closes after."""
     from playwright.sync_api import sync_playwright
 
     url, token, name = lab
-    notebook = json.loads(fresh_copy())
-    code_cells = sum(c["cell_type"] == "code" for c in notebook["cells"])
-    figures = sum("labkit.serving.replay.timeline(" in "".join(c["source"])
-                  for c in notebook["cells"] if c["cell_type"] == "code")
-    sources = "\n".join("".join(c["source"]) for c in notebook["cells"])
-    unsolved = re.findall(r'exercises\.check\("([\d.]+)"', sources)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
         try:
@@ -179,27 +188,42 @@ def test_run_all_on_a_students_copy_runs_every_cell(lab, tmp_path):
             page.goto(f"{url}/lab/tree/{name}?token={token}")
             page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
             _wait_for_kernel(url, token, name, page)
-            page.click(".lm-MenuBar-itemLabel:text-is('Run')")
-            page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
-            fresh = [f"[{i}]:" for i in range(1, code_cells + 1)]  # a new kernel counts from 1
-            end = time.monotonic() + RUN_ALL_S
-            while time.monotonic() < end and _prompts(page) != fresh:
-                page.wait_for_timeout(500)
-            page.wait_for_timeout(1000)  # the last outputs render
-            page.screenshot(path=str(tmp_path / "run-all.png"), full_page=True)
-            _keep_screenshot(tmp_path / "run-all.png")
-            plot = page.query_selector(".jp-OutputArea-output img")
-            if plot is not None:
-                plot.scroll_into_view_if_needed()
-                plot.screenshot(path=str(tmp_path / "plot.png"))
-                _keep_screenshot(tmp_path / "plot.png")
-            prompts = _prompts(page)
-            outputs = page.inner_text(".jp-Notebook")
-            images = page.eval_on_selector_all(
-                ".jp-OutputArea-output img",
-                "nodes => nodes.map(n => [n.getAttribute('src').slice(0, 22), n.naturalWidth])")
+            yield page
         finally:
             browser.close()
+
+
+def _menu(page, menu: str, item: str) -> None:
+    page.click(f".lm-MenuBar-itemLabel:text-is('{menu}')")
+    page.click(f".lm-Menu-itemLabel:text-is('{item}')")
+
+
+def test_run_all_on_a_students_copy_runs_every_cell(lab, tmp_path):
+    notebook = json.loads(fresh_copy())
+    code_cells = sum(c["cell_type"] == "code" for c in notebook["cells"])
+    figures = sum("labkit.serving.replay.timeline(" in "".join(c["source"])
+                  for c in notebook["cells"] if c["cell_type"] == "code")
+    sources = "\n".join("".join(c["source"]) for c in notebook["cells"])
+    unsolved = re.findall(r'exercises\.check\("([\d.]+)"', sources)
+    with _lesson_page(lab) as page:
+        _menu(page, "Run", "Run All Cells")
+        fresh = [f"[{i}]:" for i in range(1, code_cells + 1)]  # a new kernel counts from 1
+        end = time.monotonic() + RUN_ALL_S
+        while time.monotonic() < end and _prompts(page) != fresh:
+            page.wait_for_timeout(500)
+        page.wait_for_timeout(1000)  # the last outputs render
+        page.screenshot(path=str(tmp_path / "run-all.png"), full_page=True)
+        _keep_screenshot(tmp_path / "run-all.png")
+        plot = page.query_selector(".jp-OutputArea-output img")
+        if plot is not None:
+            plot.scroll_into_view_if_needed()
+            plot.screenshot(path=str(tmp_path / "plot.png"))
+            _keep_screenshot(tmp_path / "plot.png")
+        prompts = _prompts(page)
+        outputs = page.inner_text(".jp-Notebook")
+        images = page.eval_on_selector_all(
+            ".jp-OutputArea-output img",
+            "nodes => nodes.map(n => [n.getAttribute('src').slice(0, 22), n.naturalWidth])")
     assert prompts == [f"[{i}]:" for i in range(1, code_cells + 1)], f"not every cell ran: {prompts}"
     pngs = [width for src, width in images if src.startswith("data:image/png;base64")]
     assert len(pngs) == figures >= 1 and all(width > 0 for width in pngs), images
@@ -207,6 +231,68 @@ def test_run_all_on_a_students_copy_runs_every_cell(lab, tmp_path):
     for id in unsolved:
         assert f"Exercise {id}: not answered yet.\n" in outputs
     assert "Traceback" not in outputs and "ExerciseError" not in outputs
+
+
+LAUNCHER = "01_launcher.ipynb"
+# bounds only, never waited out: the first step of lesson 1.1's launch (the model read, one
+# step of the cpu preset: ~1 minute on 2 idle cores), then the rest of its Run All
+FIRST_STEP_S, LAUNCHER_RUN_ALL_S = 900, 1800
+
+
+def _logged_runs(runs: Path) -> list[Path]:
+    """Run folders under `runs` that have logged a step, oldest first."""
+    found = [m.parent for m in runs.glob("*/metrics.jsonl") if m.read_text().strip()]
+    return sorted(found, key=lambda d: (d / "config.json").stat().st_mtime)
+
+
+@pytest.mark.parametrize("lab", [LAUNCHER], indirect=True)
+def test_a_stop_in_lesson_1_1s_launch_cell_leaves_a_run_that_resumes(lab, tmp_path):
+    """A student's Run All of lesson 1.1 who presses stop (Kernel > Interrupt Kernel, the ■
+    button) once the launch cell's run has logged its first step: the run stops after the
+    step it is in, Run All goes on through every cell with the stopped run, and the run then
+    resumes from its checkpoint where it stopped."""
+    root = tmp_path / "lab"
+    notebook = json.loads(fresh_copy(name=Path(lab[2]).name))
+    code_cells = sum(c["cell_type"] == "code" for c in notebook["cells"])
+    with _lesson_page(lab) as page:
+        _menu(page, "Run", "Run All Cells")
+        end = time.monotonic() + FIRST_STEP_S
+        while time.monotonic() < end and not _logged_runs(root / "runs"):
+            page.wait_for_timeout(1000)
+        assert _logged_runs(root / "runs"), f"no step logged in {FIRST_STEP_S} s"
+        launched = _logged_runs(root / "runs")[0]
+        _menu(page, "Kernel", "Interrupt Kernel")  # ■
+        fresh = [f"[{i}]:" for i in range(1, code_cells + 1)]
+        end = time.monotonic() + LAUNCHER_RUN_ALL_S
+        while time.monotonic() < end and _prompts(page) != fresh:
+            page.wait_for_timeout(1000)
+        page.wait_for_timeout(1000)  # the last outputs render
+        page.screenshot(path=str(tmp_path / "launcher-stopped.png"), full_page=True)
+        _keep_screenshot(tmp_path / "launcher-stopped.png")
+        prompts, outputs = _prompts(page), page.inner_text(".jp-Notebook")
+    assert prompts == fresh, f"not every cell ran: {prompts}"
+    assert "Traceback" not in outputs and "ExerciseError" not in outputs
+    status = json.loads((launched / "status.json").read_text())
+    assert status["reason"] == "signal", status
+    last = status["last_step"]
+    assert 0 <= last < notebook_steps(launched) - 1
+    assert f"run stopped (signal: SIGINT) after step {last}" in outputs
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "LABKIT_PROFILE": "cpu"}
+    env.pop("LABKIT_GRADING", None)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "labkit", "launch", "--resume", str(launched),
+         "--num-rollout", str(last + 2), "--no-progress"],
+        cwd=root / "notebooks", env=env, capture_output=True, text=True,
+        timeout=LAUNCHER_RUN_ALL_S)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    steps = [json.loads(line)["rollout/step"] for line in
+             (launched / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert steps == list(range(last + 2))  # each step once: the stopped ones, then one more
+
+
+def notebook_steps(run_dir: Path) -> int:
+    """The steps the run was launched for (its config's --num-rollout)."""
+    return json.loads((run_dir / "config.json").read_text())["num_rollout"]
 
 
 def _keep_screenshot(path: Path) -> None:
