@@ -193,6 +193,18 @@ def _lesson_page(lab):
             browser.close()
 
 
+def _until_every_cell_ran(page, code_cells: int, bound_s: float, screenshot: Path) -> None:
+    """Wait until every code cell shows its number (a new kernel counts from 1), at most
+    `bound_s`; then keep a screenshot of the page."""
+    fresh = [f"[{i}]:" for i in range(1, code_cells + 1)]
+    end = time.monotonic() + bound_s
+    while time.monotonic() < end and _prompts(page) != fresh:
+        page.wait_for_timeout(500)
+    page.wait_for_timeout(1000)  # the last outputs render
+    page.screenshot(path=str(screenshot), full_page=True)
+    _keep_screenshot(screenshot)
+
+
 def _menu(page, menu: str, item: str) -> None:
     page.click(f".lm-MenuBar-itemLabel:text-is('{menu}')")
     page.click(f".lm-Menu-itemLabel:text-is('{item}')")
@@ -207,13 +219,7 @@ def test_run_all_on_a_students_copy_runs_every_cell(lab, tmp_path):
     unsolved = re.findall(r'exercises\.check\("([\d.]+)"', sources)
     with _lesson_page(lab) as page:
         _menu(page, "Run", "Run All Cells")
-        fresh = [f"[{i}]:" for i in range(1, code_cells + 1)]  # a new kernel counts from 1
-        end = time.monotonic() + RUN_ALL_S
-        while time.monotonic() < end and _prompts(page) != fresh:
-            page.wait_for_timeout(500)
-        page.wait_for_timeout(1000)  # the last outputs render
-        page.screenshot(path=str(tmp_path / "run-all.png"), full_page=True)
-        _keep_screenshot(tmp_path / "run-all.png")
+        _until_every_cell_ran(page, code_cells, RUN_ALL_S, tmp_path / "run-all.png")
         plot = page.query_selector(".jp-OutputArea-output img")
         if plot is not None:
             plot.scroll_into_view_if_needed()
@@ -262,15 +268,9 @@ def test_a_stop_in_lesson_1_1s_launch_cell_leaves_a_run_that_resumes(lab, tmp_pa
         assert _logged_runs(root / "runs"), f"no step logged in {FIRST_STEP_S} s"
         launched = _logged_runs(root / "runs")[0]
         _menu(page, "Kernel", "Interrupt Kernel")  # ■
-        fresh = [f"[{i}]:" for i in range(1, code_cells + 1)]
-        end = time.monotonic() + LAUNCHER_RUN_ALL_S
-        while time.monotonic() < end and _prompts(page) != fresh:
-            page.wait_for_timeout(1000)
-        page.wait_for_timeout(1000)  # the last outputs render
-        page.screenshot(path=str(tmp_path / "launcher-stopped.png"), full_page=True)
-        _keep_screenshot(tmp_path / "launcher-stopped.png")
+        _until_every_cell_ran(page, code_cells, LAUNCHER_RUN_ALL_S, tmp_path / "launcher-stopped.png")
         prompts, outputs = _prompts(page), page.inner_text(".jp-Notebook")
-    assert prompts == fresh, f"not every cell ran: {prompts}"
+    assert prompts == [f"[{i}]:" for i in range(1, code_cells + 1)], f"not every cell ran: {prompts}"
     assert "Traceback" not in outputs and "ExerciseError" not in outputs
     status = json.loads((launched / "status.json").read_text())
     assert status["reason"] == "signal", status
