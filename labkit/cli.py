@@ -280,7 +280,9 @@ def sweep(argv: list[str]) -> int:
 
     if "-h" in argv or "--help" in argv:
         print(sweep.__doc__.split("\n\n")[0].replace("`labkit sweep`: ", "labkit sweep: ") + "\n")
-        launch_parser().print_help()
+        parser = launch_parser()
+        parser.prog = "labkit sweep"
+        parser.print_help()
         return 0
     axes = [[(i, v) for v in argv[i].split(",")] for i in range(1, len(argv))
             if argv[i - 1].startswith("--") and "," in argv[i] and not argv[i].startswith("-")]

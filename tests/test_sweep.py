@@ -202,3 +202,12 @@ def test_the_memory_plan_holds_the_update_as_measured_on_an_h200(tiny_cfg):
             for i in range(4)]
     with pytest.raises(memory.GPUMemoryError):
         memory.plan_runs(four, QWEN05, free_gib=139.8)
+
+
+def test_sweep_help_names_the_sweep_and_takes_launchs_flags(capsys):
+    from labkit.cli import main
+
+    assert main(["sweep", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("labkit sweep: launch's flags, where a comma-separated value")
+    assert "usage: labkit sweep" in out and "--n-samples-per-prompt" in out
