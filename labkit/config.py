@@ -256,7 +256,7 @@ class RunConfig:
         "10 minutes while it runs, removed when it completes; -1: never (no --resume)",
         "logging",
     )
-    progress: bool = _f(True, "show a progress bar", "logging")
+    progress: bool = _f(True, "show a progress bar (without: one line per finished step)", "logging")
     # ---------------------------------------------------------------- safety
     time_limit: Optional[str] = _f(
         None, "stop cleanly before this much wall time is spent (seconds, or 90m, 2h)", "safety"

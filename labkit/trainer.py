@@ -329,5 +329,11 @@ def _progress(s: Session, first: int):
 
 
 def _advance(bar, metrics: dict) -> None:
+    """Count a finished step: on the bar, or without one (--no-progress: a log file, a sweep's
+    run) as its one line."""
     if bar is not None:
         bar.advance(metrics)
+    else:
+        from labkit.progress import step_line
+
+        print(step_line(metrics), flush=True)

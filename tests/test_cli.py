@@ -199,3 +199,12 @@ def test_an_os_or_overflow_error_is_one_line_not_an_unexpected_error(capsys, err
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"labkit compare: {said}") and "did not expect" not in err
     assert "\n" not in err
+
+
+def test_without_a_progress_bar_each_finished_step_is_one_line(tmp_path, tiny_model_dir, capsys):
+    """--no-progress (a log file, a sweep's run): a line per step, so a run is seen to move."""
+    assert main(["launch", *tiny_flags(tiny_model_dir, tmp_path)]) == 0
+    out = capsys.readouterr().out
+    steps = [line for line in out.splitlines() if line.startswith("step ")]
+    assert [line.split(":")[0] for line in steps] == ["step 0", "step 1"]
+    assert all(", update " in line and " s, step " in line for line in steps), steps
