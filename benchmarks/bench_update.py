@@ -118,7 +118,8 @@ def time_variant(model, optimizer, cfg, batch, *, separate_old: bool, autocast, 
             torch.cuda.synchronize()
         if k:
             seconds.append(time.perf_counter() - start)
-            spans.append((round(time.time() - seconds[-1], 3), round(time.time(), 3)))
+            end = time.time()  # wall clock, to line up the updates of processes side by side
+            spans.append((round(end - seconds[-1], 3), round(end, 3)))
         micro = stats["train/micro_batches"]
     if profile and torch.cuda.is_available():
         from torch.profiler import ProfilerActivity, profile as torch_profile

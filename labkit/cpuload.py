@@ -11,9 +11,9 @@ a lesson's 4-answer step took 12-13 minutes instead of 20-32 s.
 `fit_threads()` decides at the start of each run on a CPU: as many threads as the cores
 that other work leaves free (the cores minus those other programs keep busy, measured over
 half a second at the start, at least one, at most torch's own count), so torch's own count
-again on a calm machine. At load 2.6-3.2 on the same machine two threads took 24-27 s and one 6.1-6.2 s: one busy core is enough to
-make a second thread cost. `OMP_NUM_THREADS` in the environment is the user's choice and is
-left alone.
+again on a calm machine. At load 2.6-3.2 on the same machine two threads took 24-27 s and
+one 6.1-6.2 s: one busy core is enough to make a second thread cost. `OMP_NUM_THREADS` in
+the environment is the user's choice and is left alone.
 """
 
 from __future__ import annotations

@@ -308,9 +308,10 @@ def flag_notes(cfg: RunConfig, explicit: Iterable[str], gpus: int = 1) -> list[t
         every = (f"after every {k} rollouts" if k > 0 else
                  "after the last (--eval-interval = --num-rollout)")
         lost = k > 0 and cfg.num_rollout % k != 0 and not cfg.overlap_rollout
+        what = (f"{cfg.eval_split_size} held-out problems" if cfg.eval_split_size else
+                "the whole test split (auto, as labkit does on a GPU)")
         notes.append(("--eval-split-size",
-                      (f"{cfg.eval_split_size} held-out problems" if cfg.eval_split_size else
-                       "the whole test split (auto, as labkit does on a GPU)") + f", greedy, as miles' evaluation "
+                      f"{what}, greedy, as miles' evaluation "
                       f"(--eval-prompt-data {EVAL_NAME}): before the first rollout and {every}"
                       + (f"; not after the last, where labkit evaluates too ({cfg.num_rollout} "
                          f"rollouts is not a multiple of {k})" if lost else ""), lost))

@@ -11,7 +11,8 @@
 # same rollout. Writes under $OUT: solo.json / solo.log, side.json / side.log (one line per
 # process and its updates' wall-clock spans), smi.csv (nvidia-smi per process, every 250 ms,
 # with a line naming each phase), side_expandable.json / .log (the same with torch's
-# expandable segments; EXPANDABLE=0 skips it), old.json. Each phase has a time limit; what finished stays.
+# expandable segments; EXPANDABLE=0 skips it), old.json. Each phase has a time limit; what
+# finished stays.
 set -u
 OUT=${OUT:-out}; N=${N:-4}; BUDGET=${BUDGET:-12288}
 mkdir -p "$OUT"
