@@ -13,7 +13,9 @@ few at the 1024 cap), so the work per variant is what a real step does:
 * `dynamic_<T>`: one pass, micro-batches filled up to T padded tokens
   (`--use-dynamic-batch-size --max-tokens-per-gpu T`);
 * `full_logits_<T>`: as `dynamic_<T>`, but the answers' log-probs taken from the model's
-  full logits instead of labkit.logprobs' chunked head (what the chunks save).
+  full logits instead of labkit.logprobs' chunked head (what the chunks save);
+* `checkpointed_<T>`: as `dynamic_<T>`, with gradient checkpointing (`--gradient-checkpointing`:
+  each layer's activations recomputed in the backward pass).
 
 Each variant: one warm-up update, then --repeats timed ones (synchronised), the peak GPU
 memory of its updates, and the padded tokens its micro-batches hold. The update's time does
@@ -39,7 +41,7 @@ import contextlib
 from labkit import actor
 from labkit.actor import compute_logprobs, make_optimizer, pack_rollout, train_on_rollout
 from labkit.config import RunConfig
-from labkit.models import load_policy, resolve_model
+from labkit.models import enable_checkpointing, load_policy, resolve_model
 
 # Qwen2.5-0.5B-Instruct's architecture (its config.json), for a model of random weights.
 QWEN25_05B = dict(vocab_size=151_936, hidden_size=896, intermediate_size=4_864, num_hidden_layers=24,
@@ -101,7 +103,7 @@ def made_up_rollout(samples: int, vocab: int, max_len: int, seed: int):
 
 def time_variant(model, optimizer, cfg, batch, *, separate_old: bool, autocast, repeats: int,
                  profile: bool = False):
-    seconds, spans, micro = [], [], 0
+    seconds, spans, micro, padding = [], [], 0, None
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     for k in range(repeats + 1):  # the first is a warm-up
@@ -120,7 +122,7 @@ def time_variant(model, optimizer, cfg, batch, *, separate_old: bool, autocast, 
             seconds.append(time.perf_counter() - start)
             end = time.time()  # wall clock, to line up the updates of processes side by side
             spans.append((round(end - seconds[-1], 3), round(end, 3)))
-        micro = stats["train/micro_batches"]
+        micro, padding = stats["train/micro_batches"], stats.get("train/padding_frac")
     if profile and torch.cuda.is_available():
         from torch.profiler import ProfilerActivity, profile as torch_profile
 
@@ -137,7 +139,7 @@ def time_variant(model, optimizer, cfg, batch, *, separate_old: bool, autocast, 
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     return {"median_s": statistics.median(seconds), "runs_s": [round(s, 3) for s in seconds],
-            "micro_batches": micro, "peak_gpu_gib": peak, "peak_reserved_gib": reserved,
+            "micro_batches": micro, "padding_frac": padding, "peak_gpu_gib": peak, "peak_reserved_gib": reserved,
             "spans": spans}
 
 
@@ -152,11 +154,20 @@ def main() -> int:
     p.add_argument("--dynamic-only", action="store_true",
                    help="only the token-budget variants (the memory/time curve)")
     p.add_argument("--full-logits", default="", help="token budgets of the full-logits variants")
+    p.add_argument("--checkpointed", default="", help="token budgets of the checkpointed variants")
     p.add_argument("--profile", action="store_true", help="print the top GPU ops of each variant")
+    p.add_argument("--liger", action="store_true",
+                   help="liger-kernel's Qwen2 kernels (RMSNorm, SwiGLU, RoPE) in the model; the "
+                        "LM head stays labkit's chunked one")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = load_model(a.model, device)
+    if a.liger:
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen2
+
+        apply_liger_kernel_to_qwen2(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=False, model=model)
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else None
     autocast = autocast or contextlib.nullcontext
     optimizer = make_optimizer(model, RunConfig())
@@ -171,12 +182,16 @@ def main() -> int:
         variants[f"dynamic_{t}"] = (base.replace(max_tokens_per_gpu=int(t)), False)
     for t in filter(None, a.full_logits.split(",")):
         variants[f"full_logits_{t}"] = (base.replace(max_tokens_per_gpu=int(t)), False)
-    result = {"machine": {"python": platform.python_version(), "torch": torch.__version__,
+    for t in filter(None, a.checkpointed.split(",")):
+        variants[f"checkpointed_{t}"] = (base.replace(max_tokens_per_gpu=int(t)), False)
+    result = {"liger": a.liger, "machine": {"python": platform.python_version(), "torch": torch.__version__,
                           "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"},
               "samples": a.samples, "answer_tokens": tokens, "variants": {},
               "card_gib": (torch.cuda.get_device_properties(0).total_memory / 2**30
                            if device.type == "cuda" else None)}
     for name, (cfg, separate) in variants.items():
+        if name.startswith("checkpointed"):  # the rest come first: this stays on
+            enable_checkpointing(model)
         with full_logits() if name.startswith("full_logits") else contextlib.nullcontext():
             r = time_variant(model, optimizer, cfg, batch, separate_old=separate, autocast=autocast,
                              repeats=a.repeats, profile=a.profile)

@@ -171,11 +171,27 @@ def compute_logprobs(model, batch: RolloutBatch, *, micro_batch_size: int, tempe
     device = next(model.parameters()).device
     out = torch.zeros_like(batch.response_mask)
     order = _longest_first(batch, torch.arange(batch.size))
-    for idx in micro_batches(batch, order, max_samples=micro_batch_size, max_tokens=max_tokens):
-        mb = _micro_batch(batch, idx, device)
-        lp, _ = _forward_logprobs(model, mb, temperature, autocast)
-        out[idx, : mb.r] = lp.float().cpu()
+    with mode(model, training=False):
+        for idx in micro_batches(batch, order, max_samples=micro_batch_size, max_tokens=max_tokens):
+            mb = _micro_batch(batch, idx, device)
+            lp, _ = _forward_logprobs(model, mb, temperature, autocast)
+            out[idx, : mb.r] = lp.float().cpu()
     return out
+
+
+@contextlib.contextmanager
+def mode(model, *, training: bool):
+    """`model` in train (or eval) mode inside the block, its own mode again after.
+
+    The update runs in train mode: transformers checkpoints activations only there
+    (`--gradient-checkpointing`), and `from_pretrained` returns eval mode. The policy's
+    dropout is off (labkit.models.disable_dropout), so the mode changes nothing else."""
+    was = model.training
+    model.train(training)
+    try:
+        yield model
+    finally:
+        model.train(was)
 
 
 def sample_lengths(batch: RolloutBatch) -> torch.Tensor:
@@ -196,55 +212,22 @@ def train_on_rollout(model, optimizer, batch: RolloutBatch, cfg, *, generator: t
     pass's own log-probs (detached) serve as the old ones; they are stored in
     `batch.old_logprobs` afterwards, so the caller can compare them with the engine's.
     Samples are shuffled (seeded) into global batches; inside a global batch they are
-    sorted by length so micro-batches carry little padding.
+    sorted by length so micro-batches carry little padding. The model is in train mode
+    for the update (so `--gradient-checkpointing` checkpoints) and back in its own after.
     """
     fused = batch.old_logprobs is None
     if fused and cfg.steps_per_rollout != 1:
         raise ValueError("old log-probs are required when a rollout gives several optimizer steps")
     if fused:
         batch.old_logprobs = torch.zeros_like(batch.response_mask)
-    device = next(model.parameters()).device
     order = torch.randperm(batch.size, generator=generator)
-    lengths = batch.response_mask.sum(dim=1)
-    params = [p for p in model.parameters() if p.requires_grad]
-    max_tokens = cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else None
-    stats = {"loss": 0.0, "clipped": 0.0, "ppo_kl": 0.0, "entropy": 0.0, "kl": 0.0,
-             "tokens": 0.0, "grad_norm": 0.0, "micro_batches": 0}
+    stats = dict.fromkeys(("loss", "clipped", "ppo_kl", "entropy", "kl", "tokens", "grad_norm",
+                           "micro_batches", "padded", "real"), 0.0)
     g = cfg.global_batch_size
-    for k in range(cfg.steps_per_rollout):
-        idx = _longest_first(batch, order[k * g : (k + 1) * g])
-        seq_mean = cfg.loss_agg_mode == "seq-mean"
-        denom = float(len(idx)) if seq_mean else float(lengths[idx].sum().clamp(min=1))
-        optimizer.zero_grad(set_to_none=True)
-        for mb in micro_batches(batch, idx, max_samples=cfg.micro_batch_size, max_tokens=max_tokens):
-            rows = _micro_batch(batch, mb, device)
-            rmask, r = rows.rmask, rows.r
-            lp, ent = _forward_logprobs(model, rows, cfg.rollout_temperature, autocast,
-                                        entropy="loss" if cfg.entropy_coef > 0 else "stat")
-            if fused:
-                batch.old_logprobs[mb, :r] = (lp.detach() * rmask).float().cpu()
-                old = lp.detach()
-            else:
-                old = batch.old_logprobs[mb, :r].to(device)
-            ref = batch.ref_logprobs[mb, :r].to(device) if batch.ref_logprobs is not None else None
-            terms = policy_loss(
-                lp, old, batch.advantages[mb].to(device), rmask,
-                eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, denominator=denom,
-                seq_weights=(1.0 / rmask.sum(1).clamp(min=1)) if seq_mean else None,
-                entropy=ent, entropy_coef=cfg.entropy_coef,
-                ref_logprobs=ref, kl_loss_coef=cfg.kl_loss_coef,
-            )
-            terms.loss.backward()
-            stats["loss"] += float(terms.loss.detach())
-            stats["clipped"] += float(terms.pg_clipfrac)
-            stats["ppo_kl"] += float(terms.ppo_kl)
-            stats["entropy"] += float(terms.entropy)
-            stats["kl"] += float(terms.kl)
-            stats["tokens"] += float(terms.tokens)
-            stats["micro_batches"] += 1
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad)
-        stats["grad_norm"] += float(grad_norm)
-        optimizer.step()
+    with mode(model, training=True):
+        for k in range(cfg.steps_per_rollout):
+            idx = _longest_first(batch, order[k * g : (k + 1) * g])
+            _optimizer_step(model, optimizer, batch, idx, cfg, fused, autocast, stats)
     steps, tokens = cfg.steps_per_rollout, max(stats["tokens"], 1.0)
     return {
         "train/loss": stats["loss"] / steps,
@@ -254,8 +237,52 @@ def train_on_rollout(model, optimizer, batch: RolloutBatch, cfg, *, generator: t
         "train/kl_loss": stats["kl"] / tokens if cfg.kl_loss_coef > 0 else None,
         "train/grad_norm": stats["grad_norm"] / steps,
         "train/steps": steps,
-        "train/micro_batches": stats["micro_batches"],
+        "train/micro_batches": int(stats["micro_batches"]),
+        "train/padding_frac": 1.0 - stats["real"] / max(stats["padded"], 1.0),
     }
+
+
+def _optimizer_step(model, optimizer, batch: RolloutBatch, idx: torch.Tensor, cfg, fused: bool,
+                    autocast, stats: dict) -> None:
+    """One optimizer step on the samples `idx` (one global batch), micro-batch by
+    micro-batch; adds its statistics to `stats`."""
+    device = next(model.parameters()).device
+    lengths = batch.response_mask.sum(dim=1)
+    seq_mean = cfg.loss_agg_mode == "seq-mean"
+    denom = float(len(idx)) if seq_mean else float(lengths[idx].sum().clamp(min=1))
+    max_tokens = cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else None
+    optimizer.zero_grad(set_to_none=True)
+    for mb in micro_batches(batch, idx, max_samples=cfg.micro_batch_size, max_tokens=max_tokens):
+        rows = _micro_batch(batch, mb, device)
+        rmask, r = rows.rmask, rows.r
+        lp, ent = _forward_logprobs(model, rows, cfg.rollout_temperature, autocast,
+                                    entropy="loss" if cfg.entropy_coef > 0 else "stat")
+        if fused:
+            batch.old_logprobs[mb, :r] = (lp.detach() * rmask).float().cpu()
+            old = lp.detach()
+        else:
+            old = batch.old_logprobs[mb, :r].to(device)
+        ref = batch.ref_logprobs[mb, :r].to(device) if batch.ref_logprobs is not None else None
+        terms = policy_loss(
+            lp, old, batch.advantages[mb].to(device), rmask,
+            eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, denominator=denom,
+            seq_weights=(1.0 / rmask.sum(1).clamp(min=1)) if seq_mean else None,
+            entropy=ent, entropy_coef=cfg.entropy_coef,
+            ref_logprobs=ref, kl_loss_coef=cfg.kl_loss_coef,
+        )
+        terms.loss.backward()
+        stats["loss"] += float(terms.loss.detach())
+        stats["clipped"] += float(terms.pg_clipfrac)
+        stats["ppo_kl"] += float(terms.ppo_kl)
+        stats["entropy"] += float(terms.entropy)
+        stats["kl"] += float(terms.kl)
+        stats["tokens"] += float(terms.tokens)
+        stats["micro_batches"] += 1
+        stats["padded"] += rows.ids.numel()  # what the passes computed on ...
+        stats["real"] += int(sample_lengths(batch)[mb].sum())  # ... and what was tokens
+    params = [p for p in model.parameters() if p.requires_grad]
+    stats["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad))
+    optimizer.step()
 
 
 def make_optimizer(model, cfg) -> torch.optim.Optimizer:

@@ -27,7 +27,7 @@ The rest differ:
 | train/lr | train/lr-pg_0 | the first parameter group's |
 | train/steps | count of `step N` lines | optimizer steps of the rollout |
 | eval/accuracy | eval/<name> | miles' mean eval reward; the same for a 0/1 reward |
-| rollout/raw_reward_std, rollout/right_frac, perf/max_gpu_memory_gb, train/micro_batches, heat/, client/, time/ | none | labkit only |
+| rollout/raw_reward_std, rollout/right_frac, perf/max_gpu_memory_gb, train/micro_batches, train/padding_frac, heat/, client/, time/ | none | labkit only |
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "train/lr": ("", "learning rate"),
     "train/steps": ("", "optimizer steps taken on this rollout"),
     "train/micro_batches": ("", "forward/backward passes in the update (all optimizer steps)"),
+    "train/padding_frac": ("", "share of the update's padded tokens (rows x longest) that are padding"),
     "train/train_rollout_logprob_abs_diff": ("", "mean |trainer - engine| log-prob of the sampled tokens"),
     # eval: a miles log's evaluation (labkit's own runs write eval.jsonl: EVAL_METRICS)
     "eval/accuracy": ("", "greedy accuracy on the held-out problems, as a miles log reports it"),

@@ -174,6 +174,30 @@ def load_policy(path: str, dtype: torch.dtype, device: torch.device):
     return model.to(device)
 
 
+def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """Dropout off everywhere (nn.Dropout and attention dropout), so that train mode, which
+    the update needs for checkpointing, samples no masks: the log-probs the loss takes are
+    then those of the policy that wrote the answers (the recipe's models have none anyway;
+    TRL's `disable_dropout` does the same)."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        if isinstance(getattr(m, "attention_dropout", None), float):
+            m.attention_dropout = 0.0
+    return model
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer's activations in the backward pass (non-reentrant
+    torch.utils.checkpoint). transformers does it only in train mode, with a gradient."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.24's name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.config.use_cache = False  # a KV cache is for generation, which runs in eval mode
+
+
 def _load_error(path: str, what: str, e: Exception) -> ModelError:
     """A failed load in words: a local folder that is not a model, or a hub id out of reach."""
     if Path(path).expanduser().exists():

@@ -377,7 +377,7 @@ def config_mismatches(saved: RunConfig, given: RunConfig) -> list[str]:
     out = []
     for f in fields(RunConfig):
         a, b = getattr(saved, f.name), getattr(given, f.name)
-        if f.name == "eval_split_size" and b is None:
+        if f.name in ("eval_split_size", "gradient_checkpointing") and b is None:
             continue  # auto: the folder holds what it was resolved to, and the run keeps that
         if f.name not in RESUMABLE and a != b:
             out.append(f"--{f.name.replace('_', '-')}: folder has {a!r}, given {b!r}")

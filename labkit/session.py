@@ -26,6 +26,8 @@ from labkit.heat import HeatGuard, make_guard
 from labkit.models import (
     context_length,
     default_device,
+    disable_dropout,
+    enable_checkpointing,
     load_policy,
     load_tokenizer,
     pick_dtype,
@@ -85,7 +87,7 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
     with timed(timers, "startup_model"):
         path = resolve_model(cfg.model)
         tokenizer = load_tokenizer(path)
-        policy_key = (path, str(device), cfg.gradient_checkpointing)
+        policy_key = (path, str(device), bool(cfg.gradient_checkpointing))
         policy, policy_reused = keep.take_policy(policy_key, lambda: _load_policy(cfg, path, device))
     compute = pick_dtype(cfg.dtype, device)
     autocast = contextlib.nullcontext
@@ -101,6 +103,8 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
     engine.log_to(log.dir)  # e.g. the HTTP client's failed attempts, in client.jsonl
     guard = guard or make_guard(cfg.heat_pause_c, cfg.heat_resume_c)
     log.add_to_config(heat_guard=guard.state)  # "off: no GPU" is said nowhere else
+    if cfg.gradient_checkpointing is None:  # auto, for a run alone: off (labkit.memory.share_gpu)
+        log.add_to_config(gradient_checkpointing=False)
     if device.type == "cpu":  # a step's time depends on it (labkit.cpuload)
         log.add_to_config(torch_threads=torch.get_num_threads())
     startup = {f"perf/{k}_time": v for k, v in timers.items()}
@@ -116,10 +120,10 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
 
 def _load_policy(cfg: RunConfig, path: str, device) -> torch.nn.Module:
     # Master weights stay float32 (a 1e-6 step vanishes in bfloat16); bf16 is for compute.
-    policy = load_policy(path, torch.float32, device)
+    # The update runs in train mode (labkit.actor), where transformers checkpoints.
+    policy = disable_dropout(load_policy(path, torch.float32, device))
     if cfg.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
-        policy.config.use_cache = False
+        enable_checkpointing(policy)
     return policy
 
 

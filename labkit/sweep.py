@@ -148,7 +148,8 @@ def _side_by_side(slots: list[_Slot], resume: bool) -> None:
         for s in fresh:
             s.cfg = _shared_gpu(s.cfg, shape, len(todo), free)
         if free is not None:
-            memory.plan_runs([s.cfg for s in fresh], shape, free)
+            need = memory.plan_runs([s.cfg for s in fresh], shape, free)
+            print(f"labkit: {memory.describe_plan(fresh[0].cfg, need[0], len(todo), free)}", flush=True)
         else:
             print("labkit: the GPU's free memory could not be read; starting without the check",
                   file=sys.stderr, flush=True)
@@ -160,8 +161,9 @@ def _side_by_side(slots: list[_Slot], resume: bool) -> None:
 
 def _shared_gpu(cfg: RunConfig, shape, runs: int, free: float | None) -> RunConfig:
     """A run's settings for a GPU it shares: a fixed KV cache, no sleep mode (vLLM's memory
-    checks measure the whole GPU), no progress bar of its own, and a token budget per
-    micro-batch that lets every run fit (only where the config kept the default budget)."""
+    checks measure the whole GPU), no progress bar of its own, and what lets every run fit:
+    gradient checkpointing (where auto), else a smaller token budget per micro-batch (where
+    the config kept the default budget): labkit.memory.share_gpu."""
     from labkit import memory
 
     # vLLM still checks at start that the free memory covers its fraction of the whole GPU
@@ -171,12 +173,7 @@ def _shared_gpu(cfg: RunConfig, shape, runs: int, free: float | None) -> RunConf
     if cfg.rollout_kv_cache_gb is None:
         changes["rollout_kv_cache_gb"] = memory.DEFAULT_KV_CACHE_GIB
     cfg = cfg.replace(**changes)
-    default = RunConfig().max_tokens_per_gpu
-    if free is not None and cfg.use_dynamic_batch_size and cfg.max_tokens_per_gpu == default:
-        fits = memory.fit_max_tokens(cfg, shape, runs, free)
-        if 0 < fits < default:
-            cfg = cfg.replace(max_tokens_per_gpu=fits)
-    return cfg
+    return memory.share_gpu(cfg, shape, runs, free, default_tokens=RunConfig().max_tokens_per_gpu)
 
 
 def _start(s: _Slot, resume_dir: str | None) -> subprocess.Popen:

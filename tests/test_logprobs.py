@@ -127,3 +127,24 @@ def test_an_untouched_entropy_output_costs_no_gradient_work():
     logits = hidden @ weight.t()
     (want,) = torch.autograd.grad(token_logprobs(logits, torch.tensor([1, 2, 3, 4])).sum(), (hidden,))
     assert torch.allclose(gh, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_entropy_and_logprobs_stay_float32_under_bf16_autocast(temperature):
+    # A large vocabulary and spread-out logits, as the recipe's 151,936-word head has: under
+    # autocast the products after the head (the entropy's sum of p * z) must not run in bf16.
+    g = torch.Generator().manual_seed(0)
+    vocab, width, n = 32_000, 64, 48
+    hidden = torch.randn(n, width, generator=g)
+    weight = torch.randn(vocab, width, generator=g) * 0.6
+    tokens = torch.randint(0, vocab, (n,), generator=g)
+    # The reference: the same bf16 head product, then float32 arithmetic throughout.
+    z = (hidden.bfloat16() @ weight.bfloat16().t()).float() / temperature
+    want_lp = torch.log_softmax(z, -1).gather(1, tokens[:, None]).squeeze(1)
+    want_ent = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lp, ent = chunked_logprobs(hidden, weight, tokens, temperature, chunk=20)
+    assert lp.dtype == ent.dtype == torch.float32
+    assert (ent >= 0).all()
+    assert torch.allclose(ent, want_ent, atol=1e-3), float((ent - want_ent).abs().max())
+    assert torch.allclose(lp, want_lp, atol=1e-3), float((lp - want_lp).abs().max())

@@ -177,7 +177,7 @@ def test_runs_that_do_not_fit_are_refused_before_anything_starts(tiny_cfg, monke
 
 
 def test_the_default_token_budget_is_fitted_to_the_share_of_the_gpu(tiny_cfg):
-    cfg = tiny_cfg.replace(max_tokens_per_gpu=12288)
+    cfg = tiny_cfg.replace(max_tokens_per_gpu=12288, gradient_checkpointing=False)
     shared = sweep._shared_gpu(cfg, QWEN05, runs=4, free=139.0)
     assert shared.rollout_kv_cache_gb == memory.DEFAULT_KV_CACHE_GIB and not shared.rollout_sleep
     assert 0 < shared.max_tokens_per_gpu < 12288

@@ -15,6 +15,12 @@
 #   sweep4_mps      sweep4 with NVIDIA MPS (one daemon for the GPU, started and quit here)
 #   lesson_sweep    lesson 1.3's GPU cell: 4, 8 and 16 answers side by side, 24 steps, held-out
 #                   accuracy at both ends, cold
+#   update_probe    the update alone, one process and 4 side by side (update_side_by_side.sh)
+#   alone, side4, side3, side2
+#                   the recipe as a user types it, STEPS steps, no evaluation: one run alone
+#                   (seed 21), then `labkit sweep --seed 21,22,23,24` (and the first 3, 2 seeds),
+#                   each run a process with the sweep's memory plan; side4x is side4 with
+#                   torch's expandable segments in every run's environment
 # session.sh starts it detached (setsid) so it outlives the 10-minute calls; logs go to
 # $SOLO/logs, run folders to $SOLO/runs; `session.sh collect` brings them back.
 #   GPU=0 SOLO=$HOME/solo M=model.gguf D=gsm8k-folder R=$HOME/runs bash scripts/gpu/solo.sh
@@ -81,8 +87,18 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       echo quit | nvidia-cuda-mps-control >> "$L/mps.log" 2>&1; say "mps daemon quit: exit $?"
       cp "$CUDA_MPS_LOG_DIRECTORY"/* "$L/" 2>/dev/null
       unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
+    update_probe) job update_probe 420 env OUT="$L/update" N=4 BUDGET=12288 EXPANDABLE=1 LIGER=1 \
+      SOLO="--budgets 12288 --checkpointed 12288,24576,49152" LIGER_SOLO="--budgets 12288 --checkpointed 12288" \
+      bash scripts/gpu/update_side_by_side.sh ;;
+    alone) job alone 300 python -m labkit launch "${SHORT[@]}" --seed 21 --model "$M" --data "$D" \
+      --output-dir "$SOLO/runs" --run-name alone ;;
+    side4|side3|side2|side4x)
+      seeds=$(echo 21,22,23,24 | cut -d, -f1-"${j:4:1}")
+      alloc=$([ "$j" = side4x ] && echo expandable_segments:True)
+      job "$j" 480 env ${alloc:+PYTORCH_CUDA_ALLOC_CONF=$alloc} python -m labkit sweep "${SHORT[@]}" \
+        --seed "$seeds" --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name "$j" ;;
     lesson_sweep) job lesson_sweep 600 python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
-      --seed 1 --lr 1e-6 --engine vllm --save-interval -1 --no-progress --model "$M" --data "$D" \
+      --seed "${LESSON_SEED:-11}" --lr 1e-6 --engine vllm --save-interval -1 --no-progress --model "$M" --data "$D" \
       --output-dir "$SOLO/runs" --run-name lesson ;;
     *) say "unknown job $j" ;;
   esac
