@@ -10,29 +10,45 @@ Which text is the final answer, rule by rule (each rule comes from answers seen 
 1. The last marker wins, a `#### <answer>` line or a balanced `\\boxed{...}`, whichever comes
    later: a model that guesses `#### 26` early, or copies the prompt's `#### 42` example, and
    ends with the right `\\boxed{}` is right; `#### 623` early and `#### 440` last is 440.
-2. A `####` line may lead in with words that say it is the answer: `#### The final answer
-   is: 440`, `#### **Answer:** 440`, `#### Final Answer` with the number on the next line,
-   `#### x = 5`.
+2. A `####` line may open with words before the number: words that say it is the answer
+   (`#### The final answer is: 440`, `#### **Answer:** 440`, `#### Final Answer` with the
+   number on the next line), or any phrase on the line (`#### She has 42 apples left`,
+   `#### Total: $42`, `#### In all, Maya read 57 pages.`). After an `=` the answer is its
+   last side: `#### x = 5`, `#### 6 x 7 = 42 apples`.
 3. A `####` line that is a heading is not an answer: one with no digit (`\\(#### \\)` quoted
-   from the instructions), `#### Step 2`, a numbered heading (`#### 2. Compute`, `#### 3)
-   Check`, `#### 4 - Verify`), a section number and a title with more text after it
-   (`\\boxed{42}`, then `#### 3 Verification` and a check: 42), and `##### 3` (a deeper
-   heading).
+   from the instructions), a numbered heading (`#### 2. Compute`, `#### 3) Check`, `#### 4 -
+   Verify`, also after a capitalized label: `#### Part 3: Check`), and `##### 3` (a deeper
+   heading). With more text after it, so is a section number and a title (`\\boxed{42}`,
+   then `#### 3 Verification` and a check: 42) and a label and a number (`#### Step 2`);
+   as the last line, `#### Total 42` is an answer. A phrase is no label: `#### total 42`,
+   `#### Total: 42`, `#### In 2 weeks she saves 42` (rule 6 reads that one).
 4. A marker inside code (a fenced block, an inline `span`) is not the answer: `\\boxed{7}`,
    then a block that runs `print('#### 5')`, is 7. Only when no marker stands outside code
    does one inside count (a model that puts its `#### 42` in a block).
-5. A unit or words after the number leave the number: `#### 60 km/h`,
-   `\\boxed{42\\text{ cm}^2}`, `#### 42 apples`, `$5/day`, `42^\\circ`. Text with another
-   digit after the number (`5 x 3`, `60 or 70`) is not one number.
+5. What follows the number leaves the number: a unit or words (`#### 60 km/h`,
+   `\\boxed{42\\text{ cm}^2}`, `#### 42 apples, all told`, `$5/day`, `42^\\circ`), also after a
+   fraction or mixed number (`3/4 cup`, `1/2 of the pizza`, `2 1/2 hours` is 2.5), and
+   working in brackets (`#### 42 (6 x 7 = 42)`, `#### 18 (3 * 6)`: its numbers are not the
+   answer). A scale word multiplies it: `2 million` is 2000000, `1.5 thousand` 1500; `3
+   dozen` is 36 or 3, whichever the label is (problems ask for eggs and for dozens of eggs
+   alike, and a label is a plain number).
+6. An answer is one number. A second one outside brackets, wherever it stands, makes the
+   answer wrong: `#### 42 or 43`, `#### between 40 and 50`, `#### 40-50 minutes`, `#### In 2
+   weeks she saves 42` (words cannot say which number is meant: "she saves 42 in 2 weeks"
+   puts it first; a number in words is no number, so `In two weeks she saves 42` is 42). So
+   do `or` after the number (`42 (or 43)`, `42 or so`), words that add to it (`2 and a half`)
+   and an operator (`42 + x`). Such an answer never goes to math-verify, which reads `42 (or
+   43)` as 43 and `2 6/4` as 2; an expression with a unit goes without the unit (`16 + 8
+   apples`).
 
 Most answers are plain numbers, so an exact path decides them in microseconds with
-`fractions.Fraction` (commas, `$`, `%`, `42.0`, `3/4`, `\\frac{3}{4}`, units). Only what that
-path cannot read (`\\sqrt{16}`, `16 + 8`) goes to math-verify, in a worker process under our
-own timeout (labkit.verifier: a check that runs too long is killed, for real, and the next
-one gets a fresh worker). A pre-check keeps inputs that could make sympy hang (towers of
-powers, factorials, huge or deeply nested answers, polynomials to expand: nine nested calls
-in 55 characters ran for over 100 s, `(a+b+c+d+e+f+g+h)^{99}` for minutes) from reaching it
-at all. An answer we cannot judge scores 0.0, never an exception.
+`fractions.Fraction` (commas, `$`, `%`, `42.0`, `3/4`, `\\frac{3}{4}`, rules 5 and 6).
+Only what that path cannot read (`\\sqrt{16}`, `16 + 8`) goes to math-verify, in a worker
+process under our own timeout (labkit.verifier: a check that runs too long is killed, for
+real, and the next one gets a fresh worker). A pre-check keeps inputs that could make sympy
+hang (towers of powers, factorials, huge or deeply nested answers, polynomials to expand:
+nine nested calls in 55 characters ran for over 100 s, `(a+b+c+d+e+f+g+h)^{99}` for
+minutes) from reaching it at all. An answer we cannot judge scores 0.0, never an exception.
 """
 
 from __future__ import annotations
@@ -59,7 +75,8 @@ MAX_NESTING = 4  # brackets deeper than this never reach sympy
 # ------------------------------------------------------------------ final answer
 # `####` (not part of a deeper `#####` heading), then an optional lead-in ("The final answer
 # is:", "**Answer:**" with the number on the same or the next line, or `x =`), then an
-# answer-like start, so a markdown heading such as "#### Step 2" is not one.
+# answer-like start (a line that opens with other words, "#### She has 42" or the heading
+# "#### Step 2", is read by _HASH_PHRASE_RE below).
 _HASH_RE = re.compile(
     r"(?<!#)####(?!#)[ \t]*"
     r"(?:\**[ \t]*(?:the[ \t]+)?(?:final[ \t]+)?answer(?:[ \t]+is)?[ \t]*:?[ \t]*\**[ \t]*:?[ \t]*\n?[ \t]*"
@@ -69,6 +86,17 @@ _HASH_RE = re.compile(
 # text follows it) "#### 3 Verification", a section number then a title
 _HEADING_RE = re.compile(r"\d+(?:[.):]|[ \t]+[-\u2013\u2014])[ \t]+[A-Za-z]")
 _TITLE_RE = re.compile(r"\d{1,2}[ \t]+[A-Z][A-Za-z]*(?:[ \t]+[A-Za-z]+)*[ \t]*:?")
+# a `####` line that opens with words the pattern above does not read (`#### She has 42
+# apples left`), taken whole; it holds no other `#`, so each line is read once
+_HASH_PHRASE_RE = re.compile(r"(?<!#)####(?!#)[ \t]*([^\n#]*)")
+_DIGIT_RE = re.compile(r"\d")
+# markdown bold around words or a number (`**42** apples`), not Python's power (`2**3`)
+_BOLD_RE = re.compile(r"(?<![\w*])\*\*(?=\S)([^*\n]*?)(?<=\S)\*\*(?![\w*])")
+# what belongs to the number just before its first digit: a sign, `$`, `**`, `\frac{`, `(`
+_NUMBER_PREFIX_RE = re.compile(r"(?:\\[A-Za-z]+\s*\{|\\[$(\[]|[-+\u2212$*`(\[\s])*\.?\Z")
+_ANSWER_WORD_RE = re.compile(r"\banswer\b", re.IGNORECASE)
+_LAST_WORD_RE = re.compile(r"[A-Za-z]+\Z")
+_LABEL_ALONE_RE = re.compile(r"\d+[ \t]*\Z")  # the number of a label, alone: `Step 2`
 _BOXED_OR_BRACE_RE = re.compile(r"\\boxed\s*\{|\{|\}")
 # code: a fenced block (``` or ~~~, to its closing fence or the end) or an inline `span`
 # (an info string holds no ` or ~, which also keeps a line of 100k backticks linear)
@@ -98,17 +126,60 @@ def final_answer_and_form(text: str) -> Optional[tuple[str, str]]:
 def _final_answer_outside(text: str, code: list[tuple[int, int]]) -> Optional[tuple[str, str]]:
     """(form, answer) of the last marker that does not start inside one of the `code` spans."""
     starts = [s for s, _ in code]
-    hashed = None
-    for m in _HASH_RE.finditer(text):
-        answer = m.group(1).strip()
-        if (any(c.isdigit() for c in answer) and not _HEADING_RE.match(answer)
-                and not (_TITLE_RE.fullmatch(answer) and _TEXT_RE.search(text, m.end()))
-                and not _inside(m.start(), code, starts)):
-            hashed = (m.start(), answer)
+    hashed = _last_hash_answer(text, code, starts)
     boxed = _last_boxed_span(text, code, starts)
     if boxed is not None and (hashed is None or boxed[0] > hashed[0]):
         return "boxed", text[boxed[1]:boxed[2]].strip()
     return None if hashed is None else ("####", hashed[1])
+
+
+def _last_hash_answer(text: str, code: list[tuple[int, int]],
+                      starts: list[int]) -> Optional[tuple[int, str]]:
+    """(where, answer) of the last `####` answer outside `code`: a line _HASH_RE reads (the
+    number first, or after words that say it is the answer), or one that opens with other
+    words (`#### She has 42 apples left`, read by _answer_after_words)."""
+    hashed = None
+    read = set()  # where the lines _HASH_RE reads start: answers, or headings
+    for m in _HASH_RE.finditer(text):
+        read.add(m.start())
+        answer = m.group(1).strip()
+        if answer[:1] in ("*", "`") and answer.lstrip("*` ")[:1].isalpha():  # **She has 42**
+            answer = _answer_after_words(answer, bool(_TEXT_RE.search(text, m.end()))) or ""
+        if (any(c.isdigit() for c in answer) and not _HEADING_RE.match(answer)
+                and not (_TITLE_RE.fullmatch(answer) and _TEXT_RE.search(text, m.end()))
+                and not _inside(m.start(), code, starts)):
+            hashed = (m.start(), answer)
+    for m in reversed(list(_HASH_PHRASE_RE.finditer(text))):  # the last answer is the one
+        if hashed is not None and m.start() < hashed[0]:
+            break
+        if (m.start() in read or text[m.end():m.end() + 1] not in ("", "\n")
+                or _inside(m.start(), code, starts)):
+            continue
+        answer = _answer_after_words(m.group(1), bool(_TEXT_RE.search(text, m.end())))
+        if answer is not None:
+            return m.start(), answer
+    return hashed
+
+
+def _answer_after_words(line: str, more_text: bool) -> Optional[str]:
+    """The answer of a `####` line that opens with words (rule 2): the text from its first
+    number on (`She has **42** apples left` -> `42 apples left`); None for a line with no
+    digit, or a heading (rule 3): a capitalized label and a number, then a heading's title
+    (`Part 3: Check`) or, when `more_text` follows the line, a title or nothing (`Step 2`)."""
+    line = _BOLD_RE.sub(r"\1", line)
+    digit = _DIGIT_RE.search(line)
+    if digit is None:
+        return None
+    window = line[max(0, digit.start() - 32):digit.start()]  # bounded: no quadratic search
+    cut = digit.start() - (len(window) - _NUMBER_PREFIX_RE.search(window).start())
+    words, answer = line[:cut].strip(" \t*_`"), line[cut:].strip()
+    if not words or _ANSWER_WORD_RE.search(words) or words.endswith((":", "=", ",")):
+        return answer
+    last = _LAST_WORD_RE.search(words[-40:])  # bounded, as above
+    if last is not None and last.group()[0].isupper() and (_HEADING_RE.match(answer) or (
+            more_text and (_TITLE_RE.fullmatch(answer) or _LABEL_ALONE_RE.match(answer)))):
+        return None
+    return answer
 
 
 def _inside(position: int, spans: list[tuple[int, int]], starts: list[int]) -> bool:
@@ -151,10 +222,31 @@ _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
 _NUMBER_RE = re.compile(rf"({_NUM})")
 _RATIO_RE = re.compile(r"([-+]?\d+)/(\d+)")
 _FRAC_RE = re.compile(r"([-+]?)\\frac\{([-+]?\d+(?:\.\d+)?)\}\{([-+]?\d+(?:\.\d+)?)\}")
-# a unit or words after the number: "42 apples", "60 km/h", "60km/h", "$5/day", "42 cm^2",
-# "42°F"; no digit may follow (so "5 x 3" and "60 or 70" are not read as a number)
-_UNIT = r"[A-Za-z\u00b0][A-Za-z\u00b0.'/ -]*(?:\^\s*\{?\s*[23]\s*\}?[A-Za-z\u00b0.'/ -]*)?"
-_NUMBER_THEN_WORDS_RE = re.compile(rf"({_NUM})(?:\s+|\s*/\s*|(?=\u00b0|[A-Za-z]{{2}})){_UNIT}")
+# a mixed number at the start of an answer phrase (rule 5): `2 1/2`, `2 \frac{1}{2}`
+_MIXED_RE = re.compile(r"([-+]?)(\d+)\s+(?:(\d+)/(\d+)|\\frac\{(\d+)\}\{(\d+)\})")
+# a scale word after the number multiplies it ("2 million"; "hundred-dollar bills" is a unit)
+_SCALE_RE = re.compile(r"\s*(hundred|thousand|million|billion|trillion|dozen)s?(?![\w-])",
+                       re.IGNORECASE)
+SCALES = {"hundred": 100, "thousand": 1000, "million": 10**6, "billion": 10**9,
+          "trillion": 10**12, "dozen": 12}
+COUNTED_IN = {"dozen"}  # scales problems also count in ("how many dozen"): read both ways
+# what may follow the number: nothing, a space, a per-unit (`5/day`), degrees, a hyphened
+# unit (`42-year-old`), punctuation, a unit written against it (`60km/h`; `2x` is not one)
+_TAIL_START_RE = re.compile(r"\Z|\s|/|\u00b0|[-\u2013][A-Za-z]|[,;:!?]|[A-Za-z]{2}")
+# words after the number that offer another answer or add to it: `42 or 43`, `42 (or 43)`,
+# `42 or so`, `2 and a half`
+_ALTERNATIVE_RE = re.compile(
+    r"\bor\b|\band\s+(?:a|an|one|two|three)\s+(?:half|halves|quarters?|thirds?)\b", re.IGNORECASE)
+_UNIT_POWER_RE = re.compile(r"\^\s*\{?\s*[23]\s*\}?")  # cm^2, m/s^{2}
+_BRACKETS_RE = re.compile(r"\([^()\[\]]*\)|\[[^()\[\]]*\]")  # innermost (...) or [...]
+# what no unit holds: a digit (another number) or an operator (`42 + x`, `42 \pi`)
+_NOT_A_UNIT_RE = re.compile(r"[\d+*=<>^\\{}|\u00d7\u00f7]")
+# a word (not a LaTeX command, not a function called: `\sqrt`, `sqrt(16)`), and words at the
+# end of an expression (its unit: `16 + 8 apples`)
+_WORD_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}(?![A-Za-z(])")
+# two numbers side by side, a space or a long dash between them (`2 6/4`): no expression
+_SIDE_BY_SIDE_RE = re.compile(r"\d(?:\s+|\s*[\u2013\u2014]\s*)[.\d]")
+_TRAILING_WORDS_RE = re.compile(r"\s+[A-Za-z\u00b0][A-Za-z\u00b0\s.,;:'/-]*\Z")
 _DEGREES_RE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?")
 
 
@@ -162,7 +254,7 @@ def normalize_answer(text: str) -> str:
     """Strip what does not change a number: `$`, `%`, thousands commas, `\\boxed{}`,
     `\\text{}`, `\\[ \\]`, markdown bold, spaces after a sign, a final period. Returns the
     text left."""
-    s = text.replace("\u2212", "-").strip().strip("*`").strip()
+    s = _BOLD_RE.sub(r"\1", text.replace("\u2212", "-")).strip().strip("*`").strip()
     for left, right in (("\\[", "\\]"), ("\\(", "\\)"), ("$$", "$")):  # display math
         if s.startswith(left) and s.endswith(right):
             s = s[len(left):len(s) - len(right)].strip()
@@ -170,7 +262,8 @@ def normalize_answer(text: str) -> str:
         s = s[7:-1].strip()
     s = _LATEX_TEXT_RE.sub(r" \1 ", s)
     s = _DEGREES_RE.sub("\u00b0", s).replace("\\ ", " ").replace("~", " ")
-    for junk in ("\\$", "$", "\\%", "%", "\\!", "\\,", "\\;", "\\left", "\\right"):
+    for junk in ("\\$", "$", "\\%", "%", "\\!", "\\,", "\\;", "\\left", "\\right", "`",
+                 "\\(", "\\)", "\\[", "\\]"):  # `42` apples, \(42\) apples: inline, not math
         s = s.replace(junk, "")
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = _THOUSANDS_RE.sub("", s)
@@ -179,21 +272,87 @@ def normalize_answer(text: str) -> str:
 
 
 def parse_number(text: str) -> Optional[Fraction]:
-    """The exact value of a plain numeric answer (`-1,234.50`, `$18`, `25%`, `3/4`,
-    `\\frac{3}{4}`, `42 apples`), or None when it is not one (or is too long to be one)."""
+    """The exact value of a numeric answer (`-1,234.50`, `$18`, `25%`, `3/4`, `\\frac{3}{4}`,
+    `42 apples`, `2 1/2 hours`, `2 million`, `42 (6 x 7 = 42)`, `x = 5`), or None when it is
+    not one number (`42 or 43`), or is too long to be one. `3 dozen` is 36 here; readings()
+    also gives its other reading, 3."""
+    values = readings(text)
+    return values[0] if values else None
+
+
+def readings(text: str) -> tuple[Fraction, ...]:
+    """Every value a numeric answer can mean, as parse_number reads it: one, or two for a
+    count of dozens (`3 dozen`: 36, or 3 when the problem counts in dozens); () for none."""
     if not isinstance(text, str):
-        return None
+        return ()
     s = normalize_answer(text)
     if not s or len(s) > MAX_ANSWER_CHARS:
-        return None
-    if m := _NUMBER_RE.fullmatch(s) or _NUMBER_THEN_WORDS_RE.fullmatch(s):
-        return Fraction(m.group(1))
+        return ()
+    if m := _NUMBER_RE.fullmatch(s):
+        return (Fraction(m.group(1)),)
     if m := _RATIO_RE.fullmatch(s):
-        return Fraction(int(m.group(1)), int(m.group(2))) if int(m.group(2)) else None
+        return (Fraction(int(m.group(1)), int(m.group(2))),) if int(m.group(2)) else ()
     if m := _FRAC_RE.fullmatch(s):
         num, den = Fraction(m.group(2)), Fraction(m.group(3))
-        return (-1 if m.group(1) == "-" else 1) * num / den if den else None
+        return ((-1 if m.group(1) == "-" else 1) * num / den,) if den else ()
+    side = _last_side(s)
+    return () if side is None else _phrase_readings(side)
+
+
+def _last_side(s: str) -> Optional[str]:
+    """What follows the last `=` outside brackets (`6 x 7 = 42 apples` -> `42 apples`), or
+    `s` itself without one; None for a list (`3, b = 4`, `a = 3, b = 4`)."""
+    depth, last, comma = 0, -1, None  # the last `=` and the first `,` outside brackets
+    for i, ch in enumerate(s):
+        depth += (ch in "([{") - (ch in ")]}")
+        if depth == 0 and ch == "," and comma is None:
+            comma = i
+        elif (depth == 0 and ch == "=" and s[i - 1:i] not in ("<", ">", "!", "=")
+                and s[i + 1:i + 2] != "="):
+            last = i
+    if last < 0:
+        return s
+    return None if comma is not None and comma < last else s[last + 1:].strip()
+
+
+def _leading_value(s: str) -> Optional[tuple[Fraction, int]]:
+    """(value, where it ends) of the number `s` starts with; None when there is none, a
+    zero denominator, or a mixed number whose fraction is not proper (`2 6/4`)."""
+    if (m := _MIXED_RE.match(s)) is not None:
+        num, den = (int(m.group(3) or m.group(5)), int(m.group(4) or m.group(6)))
+        if 0 < num < den:
+            sign = -1 if m.group(1) == "-" else 1
+            return sign * (int(m.group(2)) + Fraction(num, den)), m.end()
+    if (m := _RATIO_RE.match(s)) is not None:
+        return (Fraction(int(m.group(1)), int(m.group(2))), m.end()) if int(m.group(2)) else None
+    if (m := _FRAC_RE.match(s)) is not None:
+        num, den = Fraction(m.group(2)), Fraction(m.group(3))
+        return ((-1 if m.group(1) == "-" else 1) * num / den, m.end()) if den else None
+    if (m := _NUMBER_RE.match(s)) is not None:
+        return Fraction(m.group(1)), m.end()
     return None
+
+
+def _phrase_readings(s: str) -> tuple[Fraction, ...]:
+    """Values of a number, then an optional scale word, then its unit, words or bracketed
+    working (rule 5); () when the rest is not a unit (rule 6: another number outside
+    brackets, an operator, `or`, `and a half`)."""
+    found = _leading_value(s)
+    if found is None:
+        return ()
+    value, end = found
+    values = (value,)
+    if (m := _SCALE_RE.match(s, end)) is not None:
+        word = m.group(1).lower()
+        values = (value * SCALES[word],) + ((value,) if word in COUNTED_IN else ())
+        end = m.end()
+    tail = s[end:]
+    if not _TAIL_START_RE.match(tail) or _ALTERNATIVE_RE.search(tail):
+        return ()
+    tail = _UNIT_POWER_RE.sub(" ", tail)
+    while (bare := _BRACKETS_RE.sub(" ", tail)) != tail:  # working in brackets, innermost first
+        tail = bare
+    return () if _NOT_A_UNIT_RE.search(tail) else values
 
 
 # ------------------------------------------------------------------ math-verify fallback
@@ -243,14 +402,30 @@ def answers_match(answer: str, label: str) -> bool:
     a, b = normalize_answer(answer), normalize_answer(label)
     if not a or not b or len(a) > MAX_ANSWER_CHARS or len(b) > MAX_ANSWER_CHARS:
         return False
-    x, y = parse_number(a), parse_number(b)
-    if x is not None and y is not None:
-        return x == y
+    x, y = readings(a), readings(b)
+    if x and y:
+        return any(p == q for p in x for q in y)
     if a == b:
         return True
-    if not (is_safe_for_sympy(a) and is_safe_for_sympy(b)):
+    a, b = _expression(a), _expression(b)
+    if a is None or b is None or not (is_safe_for_sympy(a) and is_safe_for_sympy(b)):
         return False
     return verify_with_timeout(a, b)
+
+
+def _expression(s: str) -> Optional[str]:
+    """What math-verify may judge of a normalized answer the exact path cannot read: the
+    answer without the unit after it (`16 + 8 apples` -> `16 + 8`); None when other words
+    remain (`42 or 43`, `42 (or 43)`: math-verify reads that one as 43) or the words are no
+    unit (`16 + 8 or so`, `2 and a half`), so a sentence never reaches it; None also for two
+    numbers side by side (`2 6/4`, 40 and 50 with an en dash), which math-verify reads as
+    the first."""
+    m = _TRAILING_WORDS_RE.search(s)
+    if m is not None and _WORD_RE.search(m.group()):
+        if _ALTERNATIVE_RE.search(m.group()) or readings(s[:m.start()]):
+            return None  # a number the exact path refused with these words
+        s = s[:m.start()]
+    return None if _WORD_RE.search(s) or _SIDE_BY_SIDE_RE.search(s) else s
 
 
 def math_reward(response: str, label: str) -> float:
@@ -267,7 +442,10 @@ FORMAT_CREDIT = 0.1  # math_format: what a wrong number in the asked format earn
 
 def math_format_reward(response: str, label: str) -> float:
     """The math reward, plus FORMAT_CREDIT (0.1) for a final answer in the asked format
-    (a `#### <number>` line) whose number is wrong; 0.0 for no readable final answer.
+    (a `#### <number>` line) whose number is wrong; 0.0 for no readable final answer. The
+    number is parse_number's, by the same rules as the math reward's (`#### She has 42
+    apples` is 42; `#### 42 or 43` is no number): a right answer never gets the credit
+    instead of 1.0, and every wrong one that reads as one number gets it.
 
     Why: a small model that never writes the asked format scores 0 everywhere and GRPO gets
     no signal (every group all-equal); a little credit for the format, as DeepSeek-R1's

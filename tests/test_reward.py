@@ -5,11 +5,13 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
 import warnings
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -139,6 +141,9 @@ def test_math_reward_table(response, label, expected):
     ("#### 5\n#### 2 Check\nmore", "5"),
     ("#### 5\n#### 2 Check", "2 Check"),  # nothing after it: an answer with a word
     ("#### The final answer is: 440", "440"),
+    ("#### She has 42 apples left", "42 apples left"),  # a phrase leads in (rule 2)
+    ("#### 5\n#### Step 2\nAdd them.", "5"),  # a label and a number, then text: a heading
+    ("#### 5\n#### Total 42", "42"),  # the same shape as the last line: an answer
 ])
 def test_extract_final_answer(text, answer):
     assert extract_final_answer(text) == answer
@@ -150,6 +155,188 @@ def test_parse_number():
     assert parse_number("3/0") is None
     assert parse_number("x + 1") is None
     assert parse_number("9" * 500) is None  # too long to be an answer
+
+
+# ------------------------------------------------------------ answers in words (rules 2, 3, 5, 6)
+# made-up answers of the kinds models write after `####`: a phrase before the number, working
+# in brackets after it, a fraction with its unit, a scale word, and answers that stay wrong
+PHRASED = [
+    # a phrase between the marker and the number
+    ("#### The answer is 42", "42", 1.0),
+    ("#### She has 42 apples left", "42", 1.0),
+    ("#### Total: $42", "42", 1.0),
+    ("#### In all, Maya read 57 pages.", "57", 1.0),
+    ("#### Tom needs 8 more boxes", "8", 1.0),
+    ("#### Total cost = $1,250", "1250", 1.0),
+    ("#### So the bakery made $96 in total.", "96", 1.0),
+    ("#### He will be 15 years old", "15", 1.0),
+    ("#### The temperature is -7 degrees", "-7", 1.0),
+    ("#### The difference is 12", "21", 0.0),
+    ("#### Each friend gets 2.5 cookies", "2.5", 1.0),
+    # working in brackets after the number
+    ("#### 42 (6 x 7 = 42)", "42", 1.0),
+    ("#### 42 (6 x 7 = 42)", "7", 0.0),
+    ("#### 42 (because 40 + 2)", "42", 1.0),
+    ("#### 18 (3 * 6)", "18", 1.0),
+    ("#### 18 (3 * 6)", "6", 0.0),
+    ("#### 35 marbles (5 bags of 7)", "35", 1.0),
+    ("#### $64 (16 hours at $4 an hour)", "64", 1.0),
+    ("#### 42 [from 6 x 7]", "42", 1.0),
+    ("#### 42 (or 43)", "43", 0.0),
+    ("#### 42 (or 43)", "42", 0.0),
+    # a fraction or a mixed number with its unit
+    ("#### 3/4 cup", "0.75", 1.0),
+    ("#### 1/2 of the pizza", "0.5", 1.0),
+    ("#### 2 1/2 hours", "2.5", 1.0),
+    ("#### 1 3/4 miles", "1.75", 1.0),
+    ("#### 5/8 of a tank", "0.625", 1.0),
+    ("#### 2 1/2 hours", "2", 0.0),
+    ("#### -1 1/2", "-1.5", 1.0),
+    ("#### 2 \\frac{1}{4} pounds", "2.25", 1.0),
+    # a scale word
+    ("#### 2 million", "2000000", 1.0),
+    ("#### 1.5 thousand", "1500", 1.0),
+    ("#### $3.2 million", "3200000", 1.0),
+    ("#### 4 hundred dollars", "400", 1.0),
+    ("#### 2 million", "2", 0.0),
+    ("#### 3 dozen eggs", "36", 1.0),
+    ("#### 3 dozen", "3", 1.0),
+    # answers that stay wrong: two numbers, `or`, words that add to the number
+    ("#### 42 or 43", "42", 0.0),
+    ("#### 42 or 43", "43", 0.0),
+    ("#### between 40 and 50", "40", 0.0),
+    ("#### between 40 and 50", "50", 0.0),
+    ("#### In 2 weeks she saves 42", "42", 0.0),
+    ("#### In 2 weeks she saves 42", "2", 0.0),
+    ("#### 40-50 minutes", "40", 0.0),
+    ("#### 2 and a half hours", "2", 0.0),
+    ("#### at least 40", "40", 1.0),  # a bound is read as its number: one number, no other
+    ("#### 42, or maybe 43", "42", 0.0),
+    ("#### She has -3 dollars", "3", 0.0),
+    ("#### The price is $1,000 now", "1000", 1.0),
+    ("#### The store sold 25% of its stock", "25", 1.0),
+]
+
+
+@pytest.mark.parametrize("response,label,expected", PHRASED)
+def test_phrased_answers(response, label, expected):
+    assert math_reward(response, label) == expected
+
+
+def test_a_phrase_before_the_number_leads_in_to_it():
+    """Rule 2: words on the `####` line before the number are a lead-in, whatever they say."""
+    assert extract_final_answer("#### She has 42 apples left") == "42 apples left"
+    assert extract_final_answer("#### Total: $42") == "$42"
+    assert extract_final_answer("#### So the bakery made **$96** in total.") == "$96 in total."
+    assert math_reward("#### **She has 42 apples**", "42") == 1.0
+    assert math_reward("#### Final Answer\nShe has 42 apples.", "42") == 0.0  # not its line
+
+
+def test_the_last_side_of_an_equals_is_the_answer():
+    """Rule 2: after `=`, the answer is the last side; a list of equations is no answer."""
+    assert math_reward("#### The total is 6 x 7 = 42", "42") == 1.0
+    assert parse_number("6 x 7 = 42 apples") == 42
+    assert parse_number("x = 5") == 5
+    assert parse_number("a = 3, b = 4") is None
+
+
+def test_a_capitalized_label_and_a_number_is_a_heading_when_text_follows():
+    """Rule 3: `#### Step 2` before more text is a heading; as the last line it is an answer."""
+    assert math_reward("\\boxed{42}\n#### Step 2\nAdd the boxes.", "42") == 1.0
+    assert math_reward("\\boxed{42}\n#### Part 3: Check\n40 + 2 = 42", "42") == 1.0
+    assert math_reward("#### Total 42", "42") == 1.0
+    assert math_reward("#### So 42\n", "42") == 1.0  # only blank space after it
+    assert extract_final_answer("#### In 2 weeks she saves 42\nDone.") == "2 weeks she saves 42"
+
+
+def test_working_in_brackets_after_the_number_is_not_the_answer():
+    """Rule 5: a bracket after the number (and a space) holds working; one against the
+    number is math (`3(4+5)` is 27)."""
+    assert parse_number("18 (3 * 6)") == 18
+    assert parse_number("42 (6 x (3 + 4)) apples") == 42
+    assert math_reward("#### 18 (3 * 6)", "6") == 0.0
+    assert parse_number("3(4+5)") is None and math_reward("#### 3(4+5)", "27") == 1.0
+
+
+def test_fractions_and_mixed_numbers_keep_their_unit():
+    """Rule 5: `3/4 cup` is 3/4 and `2 1/2 hours` is 5/2; `2 6/4` is two numbers."""
+    assert parse_number("3/4 cup") == Fraction(3, 4)
+    assert parse_number("2 1/2 hours") == Fraction(5, 2)
+    assert parse_number("-1 1/2") == Fraction(-3, 2)
+    assert parse_number("2 \\frac{1}{4} pounds") == Fraction(9, 4)
+    assert parse_number("2 6/4") is None and parse_number("2 1/0") is None
+    assert math_reward("#### 2 6/4", "2") == 0.0
+
+
+def test_a_scale_word_multiplies_the_number():
+    """Rule 5: `2 million` is 2000000, never 2; `3 dozen` is 36, or 3 for a problem that
+    counts dozens; a word that only starts like a scale is a unit."""
+    assert parse_number("2 million") == 2_000_000
+    assert parse_number("$3.2 billion") == 3_200_000_000
+    assert parse_number("1/2 million") == 500_000
+    assert parse_number("2 1/2 dozen") == 30
+    assert parse_number("5 hundred-dollar bills") == 5 and parse_number("2 millionaires") == 2
+    assert reward.readings("3 dozen eggs") == (36, 3)
+    assert math_reward("#### 3 dozen", "36") == math_reward("#### 3 dozen", "3") == 1.0
+    assert math_reward("#### 3 dozen", "12") == 0.0
+    assert math_reward("#### 2 million", "2") == 0.0
+
+
+ONE_NUMBER_TOO_MANY = ["42 or 43", "between 40 and 50", "40-50 minutes", "40 to 50",
+                       "In 2 weeks she saves 42", "42 (or 43)", "42, or maybe 43",
+                       "2 and a half hours", "$1,000 or $2,000", "42 apples and 3 pears"]
+
+
+@pytest.mark.parametrize("answer", ONE_NUMBER_TOO_MANY)
+def test_an_answer_is_one_number(answer):
+    """Rule 6: with a second number outside brackets (or `or`, or `and a half`) no number
+    in the answer is right, and it earns no format credit."""
+    from labkit.reward import math_format_reward
+
+    for label in re.findall(r"\d+", answer.replace(",", "")):
+        assert math_reward(f"#### {answer}", label) == 0.0
+        assert math_format_reward(f"#### {answer}", label) == 0.0
+
+
+def test_answers_in_words_never_reach_math_verify(monkeypatch):
+    """Rule 6: math-verify reads `42 (or 43)` as 43; only an expression goes to it, without
+    its unit."""
+    asked = []
+    monkeypatch.setattr(reward, "verify_with_timeout",
+                        lambda answer, label, timeout_s=None: asked.append(answer) or True)
+    assert math_reward("#### 42 (or 43)", "43") == 0.0
+    assert math_reward("#### 42 apples (or 43)", "43") == 0.0
+    assert math_reward("#### 2 6/4", "2") == 0.0
+    assert math_reward("#### 16 + 8 or so", "24") == 0.0
+    assert asked == []
+    assert math_reward("#### 16 + 8 apples", "24") == 1.0
+    assert asked == ["16 + 8"]
+
+
+def test_inline_code_math_and_bold_around_the_number_are_markup():
+    assert parse_number("`42` apples") == parse_number("\\(42\\) apples") == 42
+    assert parse_number("**42** apples") == 42
+    assert parse_number("2**3") is None  # Python's power is no bold
+    assert math_reward("#### `42`^2", "42") == 0.0  # 42 squared
+
+
+def test_math_format_credit_goes_to_wrong_numbers_only():
+    """A right answer in words scores 1.0 under math_format too (`2 million` earned the
+    wrong-number credit); a wrong one that reads as one number earns FORMAT_CREDIT, and one
+    that does not read earns nothing."""
+    from labkit.reward import FORMAT_CREDIT, math_format_reward
+
+    for response, label, expected in PHRASED:
+        form_reward = math_format_reward(response, label)
+        if expected == 1.0:
+            assert form_reward == 1.0, response
+        readable = parse_number(extract_final_answer(response)) is not None
+        assert math_format_reward(response, "987654") == (FORMAT_CREDIT if readable else 0.0)
+    assert math_format_reward("#### 2 million", "2000000") == 1.0
+    assert math_format_reward("#### She has 42 apples left", "41") == FORMAT_CREDIT
+    assert math_format_reward("#### 42 (6 x 7 = 42)", "7") == FORMAT_CREDIT
+    assert math_format_reward("#### 2 1/2 hours", "3") == FORMAT_CREDIT
+    assert math_format_reward("#### In 2 weeks she saves 42", "42") == 0.0
 
 
 ADVERSARIAL = {
@@ -177,6 +364,12 @@ ADVERSARIAL = {
     "many titled headings": "#### 3 Verification\n" * 20_000,
     "many lead-ins": "#### The final answer is: " * 10_000,
     "a long unit": "#### 5 " + "km/h " * 40_000,
+    "a long phrase before the number": "#### " + "she has " * 20_000 + "7",
+    "a phrase line of brackets": "#### She has " + "(" * 50_000 + "7",
+    "many phrase lines": "#### She has 7 apples\n" * 20_000,
+    "many labelled headings": "#### Step 2\nAdd.\n" * 20_000,
+    "many bracketed workings": "#### 7 " + "(1) " * 20_000,
+    "a long label": "#### " + "A" * 100_000 + " 7\nmore",
 }
 
 
