@@ -192,10 +192,18 @@ def _as_configs(configs) -> list[RunConfig]:
 def _plan(slots: list[_Slot], resume: bool, hints: Hints) -> None:
     """Decide what each run does (start, continue its folder, or nothing: completed), and
     refuse in one line, before anything starts, the runs that cannot do what was asked."""
+    held = [s for s in slots if s.run() is not None] if not resume else []
+    if held:  # without resume, a folder that holds a run is never taken
+        one = len(held) == 1
+        folders = ", ".join(str(s.dir) for s in held)
+        raise RunLogError(f"{folders} already hold{'s a run' if one else ' runs'}; {hints.resume} "
+                          f"continues {'it' if one else 'them'}, or give "
+                          f"{'this config' if one else 'these configs'} {hints.rename} "
+                          f"(nothing was started)")
     problems = []
     for s in slots:
         try:
-            _plan_one(s, resume, hints)
+            _plan_one(s, hints)
         except LabkitError as e:
             problems.append(one_line(e))
     if len(problems) == 1:
@@ -205,16 +213,13 @@ def _plan(slots: list[_Slot], resume: bool, hints: Hints) -> None:
                           + "; ".join(problems))
 
 
-def _plan_one(s: _Slot, resume: bool, hints: Hints) -> None:
-    """One run's part of _plan: a folder that holds a run is continued only with resume, and
-    only when it holds this config (up to RESUMABLE and SHARED_GPU_FIELDS) with steps left."""
+def _plan_one(s: _Slot, hints: Hints) -> None:
+    """One run's part of _plan with resume: a folder that holds a run is continued only when
+    it holds this config (up to RESUMABLE and SHARED_GPU_FIELDS) with steps left."""
     from labkit.lifecycle import check_resumable
 
     if s.run() is None:
         return  # a new run (RunLog.create refuses a folder that holds one made meanwhile)
-    if not resume:
-        raise RunLogError(f"{s.dir} already holds a run; {hints.resume} continues it, or give "
-                          f"this config {hints.rename}")
     saved = saved_config(s.dir)
     changed = [m for m in config_mismatches(saved, s.cfg)
                if m.split(":", 1)[0][2:].replace("-", "_") not in SHARED_GPU_FIELDS]
