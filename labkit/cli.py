@@ -379,7 +379,23 @@ def sweep_configs(words: list[str], values: list[tuple[int, str]]):
         name += "".join(f"-{field.replace('_', '-')}{v}" for (i, v), (_, field, _) in zip(combo, axes)
                         if field not in ("rollout_batch_size", "n_samples_per_prompt", "seed"))
         configs.append(cfg.replace(run_name=name).check())
+    _refuse_repeated_runs(configs, [field for _, field, _ in axes])
     return configs, [(field, items) for _, field, items in axes], prefix
+
+
+def _refuse_repeated_runs(configs: list[RunConfig], listed: list[str]) -> None:
+    """ConfigError when two of the sweep's runs would be one config twice: a listed flag whose
+    values something later replaced for every run (the flag given again, MILES_EXTRA_ARGS)."""
+    seen = set()
+    for c in configs:
+        key = json.dumps({**c.to_dict(), "run_name": None}, sort_keys=True, default=str)
+        if key in seen:
+            lost = [f for f in listed if len({getattr(x, f) for x in configs}) == 1]
+            flags = ", ".join("--" + f.replace("_", "-") for f in lost) or "a listed flag"
+            raise ConfigError(f"{flags}: the listed values do not reach the runs (a later {flags} or "
+                              f"MILES_EXTRA_ARGS sets one value for all), so runs would repeat; "
+                              f"give it once")
+        seen.add(key)
 
 
 def _listed(name: str, text: str) -> list[str]:

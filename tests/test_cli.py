@@ -269,6 +269,7 @@ def test_a_sweep_splits_numbers_and_choices_never_paths(tmp_path, tiny_model_dir
     (["--seed", "1,1"], "--seed 1,1: 1 is listed twice; list each value once"),
     (["--lr", "1e-3,0.001"], "--lr 1e-3,0.001: 0.001 is listed twice (the same value as 1e-3)"),
     (["--seed", "1,x"], "argument --seed: invalid int value: 'x'"),
+    (["--seed", "1,2", "--seed", "3"], "--seed: the listed values do not reach the runs"),
     (["--seed", "1,2,3", "--data", "NOWHERE"], "--data 'NOWHERE': no such file or folder"),
     (["--seed", "1,2", "--run-name", "../x"], "--run-name '../x': a run name is one folder"),
     (["--seed", "1,2", "--backend", "miles"], "--backend: the sweep trains with labkit itself"),
