@@ -357,7 +357,6 @@ def sweep_configs(words: list[str], values: list[tuple[int, str]]):
     one line, at the first that cannot run); also the axes, [(field, [text, ...])], and the
     run names' prefix when the sweep made it (None when --run-name gave it)."""
     import itertools
-    import time
 
     from labkit.config import check_run_name, fit_micro_batch, sweepable
 

@@ -220,7 +220,11 @@ def _plan_one(s: _Slot, hints: Hints) -> None:
 
     if s.run() is None:
         return  # a new run (RunLog.create refuses a folder that holds one made meanwhile)
-    saved = saved_config(s.dir)
+    try:
+        saved = saved_config(s.dir)
+    except (ValueError, TypeError, OSError) as e:  # cut short, edited by hand
+        raise RunLogError(f"{s.dir / CONFIG} cannot be read ({e.__class__.__name__}: "
+                          f"{one_line(e)}); remove {s.dir} to run it afresh") from None
     changed = [m for m in config_mismatches(saved, s.cfg)
                if m.split(":", 1)[0][2:].replace("-", "_") not in SHARED_GPU_FIELDS]
     if changed:

@@ -335,3 +335,13 @@ def test_side_by_side_runs_start_from_a_folder_that_holds_something_named_labkit
     monkeypatch.chdir(here)
     runs = sweep.launch_many([tiny_cfg.replace(num_rollout=1)], side_by_side=True)
     assert [(r.dir.name, r.status["reason"]) for r in runs] == [("tiny", "completed")]
+
+
+def test_resume_with_a_config_json_cut_short_is_one_line(tiny_cfg):
+    folder = Path(tiny_cfg.output_dir) / "tiny"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"seed": 7, ')
+    with pytest.raises(RunLogError) as e:
+        sweep.launch_many([tiny_cfg], resume=True)
+    assert f"{folder / 'config.json'} cannot be read" in str(e.value) and "\n" not in str(e.value)
+    assert "nothing was started" in str(e.value)
