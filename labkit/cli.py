@@ -50,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="several runs from one command: launch's flags, a comma-separated "
                                 "value runs each (side by side on a GPU)")
     sweep.add_argument("argv", nargs=argparse.REMAINDER)
-    sub.add_parser("launch-config").add_argument("file")  # a sweep's run (labkit.sweep)
+    one = sub.add_parser("launch-config")  # a sweep's run (labkit.sweep)
+    one.add_argument("file")
+    one.add_argument("--resume", default=None)
     _compare_flags(sub.add_parser("compare", help="the group-size table and plots of run folders"))
     _replay_flags(sub.add_parser("replay", help="a client log's 503 bursts through the watchdog"))
     _serve_flags(sub.add_parser("serve", help="vLLM engines behind a router, on loopback"))
@@ -270,46 +272,169 @@ def launch(argv: list[str]) -> int:
 
 def sweep(argv: list[str]) -> int:
     """`labkit sweep`: launch's flags, where a comma-separated value (`--seed 1,2,3`) runs each
-    value; several such flags run every combination. Where --global-batch-size is not given,
-    each run takes prompts x answers (one optimizer step per rollout). Exit 0 when every run
-    completed, else the exit code of the first that did not."""
-    import itertools
+    value; several such flags run every combination.
+
+    Only numbers and named choices are lists: a comma in a path or a name stays. Where
+    --global-batch-size is not given, each run takes prompts x answers (one optimizer step
+    per rollout). --time-limit is each run's own: a run that reaches it stops, and the sweep
+    goes on. The whole sweep is checked before any run starts. A stopped sweep continues with
+    the same command and --resume (the summary prints it). Exit 0 when every run completed,
+    else the exit code of the first that did not, from what this command did: 124 its time
+    limit, 128 + the signal of a stop, 1 a failure."""
+    import inspect
+    import shlex
 
     from labkit import sweep as sweepmod
-    from labkit.stopping import exit_code
 
     if "-h" in argv or "--help" in argv:
-        print(sweep.__doc__.split("\n\n")[0].replace("`labkit sweep`: ", "labkit sweep: ") + "\n")
-        parser = launch_parser()
-        parser.prog = "labkit sweep"
-        parser.print_help()
+        print(inspect.cleandoc(sweep.__doc__).replace("`labkit sweep`: ", "labkit sweep: ") + "\n")
+        sweep_parser().print_help()
         return 0
-    axes = [[(i, v) for v in argv[i].split(",")] for i in range(1, len(argv))
-            if argv[i - 1].startswith("--") and "," in argv[i] and not argv[i].startswith("-")]
-    configs, stamp = [], time.strftime("%Y%m%d-%H%M%S")
-    for combo in itertools.product(*axes) if axes else [()]:
-        args = list(argv)
+    words, own, values = _sweep_words(argv)
+    configs, axes, prefix = sweep_configs(words, values)
+    if own["dry_run"]:
+        print(_describe_sweep(configs, axes))
+        return 0
+    again = [*argv] + ([] if prefix is None else ["--run-name", prefix])
+    again += [] if own["resume"] else ["--resume"]
+    hints = sweepmod.Hints(resume=f"`labkit sweep {shlex.join(again)}`", rename="another --run-name",
+                           flags=True)
+    slots = sweepmod.run_sweep(configs, resume=own["resume"], hints=hints)
+    return sweepmod.sweep_exit_code(slots)
+
+
+def sweep_parser() -> argparse.ArgumentParser:
+    """`labkit sweep`'s flags, for its --help: RunConfig's, then the sweep's own."""
+    p = build_run_parser(prog="labkit sweep")
+    own = p.add_argument_group("sweep", "what the command does with the runs")
+    own.add_argument("--resume", action="store_true",
+                     help="continue a stopped sweep: the same flags (and --run-name) again; "
+                          "completed runs are kept, stopped ones go on from their checkpoint, "
+                          "the others start")
+    own.add_argument("--dry-run", action="store_true", help="print the runs and start none")
+    own.add_argument("--debug", action="store_true",
+                     help="show the traceback of an error (also env LABKIT_DEBUG=1)")
+    return p
+
+
+def _sweep_words(argv: list[str]) -> tuple[list[str], dict, list[tuple[int, str]]]:
+    """(words for RunConfig's parser, the sweep's own flags, (index, field) of each flag's
+    value among the words). `--flag=value` is taken as two words, and a flag's value is the
+    next word even when it starts with a dash (`--save-interval -1,1`)."""
+    from dataclasses import fields
+
+    takes = {"--" + f.name.replace("_", "-"): f.name for f in fields(RunConfig)
+             if f.type not in ("bool", bool)}
+    takes["--preset"] = ""
+    words, own, values, i = [], {"resume": False, "dry_run": False}, [], 0
+    while i < len(argv):
+        word = argv[i]
+        flag, eq, value = word.partition("=")
+        if flag == "--backend":
+            raise ConfigError("--backend: the sweep trains with labkit itself; for miles, write "
+                              "each run's script with labkit launch --backend miles")
+        if word in ("--resume", "--dry-run"):
+            if word == "--resume" and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                raise ConfigError(f"--resume takes no folder here ({argv[i + 1]!r}): it continues "
+                                  f"the sweep's own runs (the same flags and --run-name); for one "
+                                  f"run folder use labkit launch --resume {argv[i + 1]}")
+            own[word[2:].replace("-", "_")] = True
+        elif eq and flag in takes:
+            values.append((len(words) + 1, takes[flag]))
+            words += [flag, value]
+        elif word in takes and i + 1 < len(argv):
+            values.append((len(words) + 1, takes[word]))
+            words += [word, argv[i + 1]]
+            i += 1
+        else:
+            words.append(word)
+        i += 1
+    return words, own, values
+
+
+def sweep_configs(words: list[str], values: list[tuple[int, str]]):
+    """The sweep's configs, every combination of the listed values, each checked (ConfigError,
+    one line, at the first that cannot run); also the axes, [(field, [text, ...])], and the
+    run names' prefix when the sweep made it (None when --run-name gave it)."""
+    import itertools
+
+    from labkit.config import check_run_name, fit_micro_batch, sweepable
+
+    axes = [(i, name, _listed(name, words[i])) for i, name in values
+            if name and sweepable(name) and "," in words[i]]
+    configs, prefix = [], f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    for combo in itertools.product(*[[(i, v) for v in items] for i, _, items in axes]):
+        args = list(words)
         for i, v in combo:
             args[i] = v
         cfg, explicit = resolve_args(args, check=False)
         if "global_batch_size" not in explicit:
-            cfg = cfg.replace(global_batch_size=cfg.samples_per_rollout)
-        prefix = cfg.run_name if "run_name" in explicit else f"sweep-{stamp}"
-        cfg = cfg.replace(run_name=f"{prefix}-p{cfg.rollout_batch_size}-n{cfg.n_samples_per_prompt}"
-                                   f"-s{cfg.seed}")
-        configs.append(cfg.check())
-    runs = sweepmod.launch_many(configs)
-    codes = [exit_code(r.status) for r in runs] + [1] * (len(configs) - len(runs))
-    return next((c for c in codes if c), 0)
+            cfg = fit_micro_batch(cfg.replace(global_batch_size=cfg.samples_per_rollout), explicit)
+        if "run_name" in explicit:
+            check_run_name(cfg.run_name)  # the prefix as given, before the values are added
+            prefix = None
+        name = cfg.run_name if prefix is None else prefix
+        name += f"-p{cfg.rollout_batch_size}-n{cfg.n_samples_per_prompt}-s{cfg.seed}"
+        name += "".join(f"-{field.replace('_', '-')}{v}" for (i, v), (_, field, _) in zip(combo, axes)
+                        if field not in ("rollout_batch_size", "n_samples_per_prompt", "seed"))
+        configs.append(cfg.replace(run_name=name).check())
+    _refuse_repeated_runs(configs, [field for _, field, _ in axes])
+    return configs, [(field, items) for _, field, items in axes], prefix
+
+
+def _refuse_repeated_runs(configs: list[RunConfig], listed: list[str]) -> None:
+    """ConfigError when two of the sweep's runs would be one config twice: a listed flag whose
+    values something later replaced for every run (the flag given again, MILES_EXTRA_ARGS)."""
+    seen = set()
+    for c in configs:
+        key = json.dumps({**c.to_dict(), "run_name": None}, sort_keys=True, default=str)
+        if key in seen:
+            lost = [f for f in listed if len({getattr(x, f) for x in configs}) == 1]
+            flags = ", ".join("--" + f.replace("_", "-") for f in lost) or "a listed flag"
+            raise ConfigError(f"{flags}: the listed values do not reach the runs (a later {flags} or "
+                              f"MILES_EXTRA_ARGS sets one value for all), so runs would repeat; "
+                              f"give it once")
+        seen.add(key)
+
+
+def _listed(name: str, text: str) -> list[str]:
+    """The values of one comma list, each checked as the flag's own value; ConfigError for an
+    empty or a repeated one (`--seed 1,1` would run one seed twice)."""
+    flag = "--" + name.replace("_", "-")
+    items = [v.strip() for v in text.split(",")]
+    if "" in items:
+        raise ConfigError(f"{flag} {text!r}: an empty value in the list; write the values "
+                          f"between commas, e.g. {flag} {','.join(v for v in items if v) or '1,2'}")
+    parsed = [getattr(build_run_parser().parse_args([f"{flag}={v}"]), name) for v in items]
+    for k, value in enumerate(parsed):
+        if value in parsed[:k]:
+            first = items[parsed.index(value)]
+            same = f" (the same value as {first})" if first != items[k] else ""
+            raise ConfigError(f"{flag} {text}: {items[k]} is listed twice{same}; list each value "
+                              f"once")
+    return items
+
+
+def _describe_sweep(configs: list[RunConfig], axes) -> str:
+    """--dry-run: the runs, one line each, and the values each takes."""
+    lists = " x ".join(f"--{field.replace('_', '-')} {','.join(items)}" for field, items in axes)
+    lines = [f"labkit sweep: {len(configs)} run{'s' if len(configs) != 1 else ''}"
+             + (f" ({lists})" if lists else "") + "; nothing started (--dry-run)"]
+    width = max(len(c.run_name) for c in configs)
+    for c in configs:
+        shown = " ".join(f"--{field.replace('_', '-')} {getattr(c, field)}" for field, _ in axes)
+        lines.append(f"  {c.run_name.ljust(width)}  {shown}".rstrip())
+    return "\n".join(lines)
 
 
 def launch_config(a: argparse.Namespace) -> int:
-    """`labkit launch-config FILE`: one run of a sweep, its RunConfig saved as JSON."""
+    """`labkit launch-config FILE [--resume DIR]`: one run of a sweep, its RunConfig saved as
+    JSON (with --resume, the run folder it continues)."""
     from labkit.trainer import train
 
     cfg = RunConfig(**json.loads(Path(a.file).read_text()))
     Path(a.file).unlink(missing_ok=True)
-    return _ended(train(cfg))
+    return _ended(train(cfg, resume=a.resume))
 
 
 def _resume(run_dir: str, rest: list[str]) -> int:
@@ -333,7 +458,9 @@ def _ended(run) -> int:
     128 + signal, 1 error (labkit.stopping.exit_code)."""
     from labkit.stopping import exit_code
 
-    print(f"run log: {run.dir / 'metrics.jsonl'}")
+    log = run.dir / "metrics.jsonl"
+    print(f"run log: {log}" if log.exists() else
+          f"run folder: {run.dir} (no step finished, so no {log.name} yet)")
     _say_reward(run)
     return exit_code(run.status)
 

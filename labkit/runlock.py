@@ -53,6 +53,11 @@ class RunLock:
         f.flush()
         return cls(path, f)
 
+    def moved_to(self, path: Path) -> None:
+        """The lock file was renamed with its folder (a new run folder put in place): the
+        kernel's lock stays on the file, and release() now removes it at `path`."""
+        self.path = Path(path)
+
     def release(self) -> None:
         """Remove the file, then drop the kernel's lock (closing the file)."""
         if self._file is None:

@@ -24,6 +24,7 @@ when the process dies, so the lock of a killed run is taken over); a second one 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -104,20 +105,54 @@ class RunLog:
     @classmethod
     def create(cls, run_dir: Path, config: dict) -> "RunLog":
         """Start a new run folder and hold its lock; refuse one that already holds a run.
-        Raises OSError when the folder cannot be made (the caller names the flag)."""
+        Raises OSError when the folder cannot be made (the caller names the flag).
+
+        The folder appears whole or not at all: it is made under a hidden name beside it
+        (`.<name>.<random>.new`, config.json written, the lock held) and renamed into place.
+        A rename does not replace a folder with files in it, so of two starts of one name
+        at once one is refused, and removes only its own hidden folder. A folder that is
+        there with other files but no run (made by hand) is used in place, under its lock.
+        """
         run_dir = Path(run_dir)
         _refuse_existing_run(run_dir)
         log = cls(run_dir)
-        log._created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
-        run_dir.mkdir(parents=True, exist_ok=True)
+        parents = [p for p in run_dir.parents if not p.exists()]
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        existed = run_dir.is_dir()
+        if existed and any(run_dir.iterdir()):
+            return log._take_in_place(config)
+        new = Path(tempfile.mkdtemp(dir=run_dir.parent, prefix=f".{run_dir.name}.", suffix=".new"))
         try:
-            log.lock()
-            _refuse_existing_run(run_dir)  # another start may have written it meanwhile
-            write_json_atomic(run_dir / CONFIG, config)
+            os.chmod(new, 0o777 & ~_umask())  # mkdtemp's folder is the user's alone
+            log._lock = RunLock.acquire(new / LOCK)
+            write_json_atomic(new / CONFIG, config)
+            os.rename(new, run_dir)  # an empty folder is replaced, one with files is not
+        except OSError as e:
+            log.release()
+            shutil.rmtree(new, ignore_errors=True)
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            _refuse_existing_run(run_dir)  # another start put its run there meanwhile
+            return log._take_in_place(config)
         except BaseException:
-            log.abandon()
+            log.release()
+            shutil.rmtree(new, ignore_errors=True)
             raise
+        log._lock.moved_to(run_dir / LOCK)
+        log._created = [] if existed else [run_dir, *parents]  # an empty folder made by hand stays
         return log
+
+    def _take_in_place(self, config: dict) -> "RunLog":
+        """Start the run in a folder that is there already (and holds other files): take its
+        lock (a second start is refused here, touching nothing), then write the config."""
+        self.lock()
+        try:
+            _refuse_existing_run(self.dir)  # another start may have written it meanwhile
+            write_json_atomic(self.dir / CONFIG, config)
+        except BaseException:
+            self.release()  # nothing of this start's is in the folder yet
+            raise
+        return self
 
     @classmethod
     def open(cls, run_dir: Path, *, repair: bool = False) -> "RunLog":
@@ -177,10 +212,18 @@ class RunLog:
 
     def abandon(self) -> None:
         """Undo a start that failed: remove the folders it created (a new run leaves nothing
-        behind), or only the files it wrote into a folder that was there; release the lock."""
-        self.release()
+        behind), or only the files it wrote into a folder that was there; release the lock.
+        The lock is held until the folder is out of the way (renamed, then removed), so the
+        next start never finds it half removed, and never loses its own files to this one."""
         if self._created:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            trash = self.dir.with_name(f".{self.dir.name}.{os.getpid()}.abandoned")
+            try:
+                os.rename(self.dir, trash)
+            except OSError:
+                trash = self.dir  # removed in place, still under the lock
+                shutil.rmtree(trash, ignore_errors=True)
+            self.release()
+            shutil.rmtree(trash, ignore_errors=True)
             for parent in self._created[1:]:  # parents made for it, if nothing else is in them
                 try:
                     parent.rmdir()
@@ -189,6 +232,7 @@ class RunLog:
         else:
             for name in (CONFIG, "client.jsonl"):
                 (self.dir / name).unlink(missing_ok=True)
+            self.release()
 
     # --- reading -------------------------------------------------------------------
     def config(self) -> dict:

@@ -9,34 +9,61 @@ that labkit.analysis reads as any other.
 
 What a user can count on:
 
-* nothing starts when the runs do not fit (one line says what would fit);
-* a run that fails does not stop the others; a line names it and why (its status.json);
-* one stop (Ctrl-C, a notebook's stop button, SIGTERM) stops every run after its step, with
-  a checkpoint, and runs not yet started are not started; `launch_many` then returns what
-  it has (a second stop interrupts the steps in progress);
-* `resume=True` continues a set of named runs: a completed one is returned as it is, a
-  stopped one goes on from its checkpoint, a missing one starts;
+* the whole sweep is checked before anything starts (each config, the data, model and
+  reward they use, the run folders, the memory): a refusal is one line, nothing started;
+* a run that fails, however (an error, a reward that calls sys.exit), does not stop the
+  others; a line names it and why (its status.json);
+* one stop (Ctrl-C, a notebook's stop button, SIGTERM, SIGHUP) stops every run after its
+  step, with a checkpoint, and runs not yet started are not started; `launch_many` then
+  returns what it has (a second stop interrupts the steps in progress). A run's own
+  --time-limit stops that run only: the sweep goes on with the next;
+* `resume=True` continues a set of named runs: a completed one of the same config is
+  returned as it is, a stopped one goes on from its checkpoint, a missing one starts; a
+  folder that holds a run of another config (another seed, lr, data, ...; fields that only
+  change bookkeeping or memory do not count) is refused, as is a completed run asked for
+  more steps than it has a checkpoint to go on from;
 * one progress display for all runs, and each side-by-side run's own output in
   `<output_dir>/<run_name>.log`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
+import threading
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from labkit.config import RunConfig
-from labkit.errors import LabkitError, one_line
-from labkit.runlog import CONFIG, METRICS, Run, default_run_name, read_jsonl
+from labkit.config import ConfigError, RunConfig
+from labkit.errors import LabkitError, RunLogError, one_line
+from labkit.runlog import (CONFIG, METRICS, RESUMABLE, Run, RunLog, config_mismatches,
+                           default_run_name, read_jsonl, saved_config)
 
-STOPPED = ("signal", "requested", "time_limit")  # a run's status reasons that end a sweep
+STOPPED = ("signal", "requested")  # a run's status reasons that end a sweep (a stop)
+STOP_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None),
+                                 signal.SIGINT) if s is not None)
+# What _shared_gpu sets for runs that share a GPU: memory and display, not what a step computes,
+# so a run resumed with the config it was asked with is the same run.
+SHARED_GPU_FIELDS = {"rollout_sleep", "progress", "rollout_gpu_memory_fraction",
+                     "rollout_kv_cache_gb", "max_tokens_per_gpu"}
+
+
+@dataclass(frozen=True)
+class Hints:
+    """How the caller continues a sweep and renames a run, in the caller's own words."""
+
+    resume: str = "launch_many(..., resume=True)"  # "<resume> continues them"
+    rename: str = "another run_name"
+    flags: bool = False  # name fields as flags (--save-interval K), not as fields (save_interval=K)
+
+    def set(self, name: str, value) -> str:
+        return f"--{name.replace('_', '-')} {value}" if self.flags else f"{name}={value}"
 
 
 @dataclass
@@ -45,7 +72,9 @@ class _Slot:
 
     cfg: RunConfig
     proc: subprocess.Popen | None = None
-    outcome: str = "not started"  # completed, stopped, failed: <why>, not started
+    outcome: str = "not started"  # completed, stopped, time limit, failed: <why>, not started
+    code: int = 0  # what `labkit sweep` exits with for this run (labkit.stopping.exit_code)
+    resume_dir: str | None = None  # the folder this run continues (resume=True)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -55,92 +84,296 @@ class _Slot:
     def run(self) -> Run | None:
         return Run(self.dir) if (self.dir / CONFIG).exists() else None
 
+    def fail(self, why: str, code: int = 1) -> None:
+        """Say that this run failed and why (one line on stderr)."""
+        self.outcome, self.code = f"failed: {why}", code
+        print(f"labkit: run {self.cfg.run_name} failed: {why}", file=sys.stderr, flush=True)
 
-def launch_many(configs: Sequence[RunConfig], *, resume: bool = False,
+    def ended(self, status: dict | None) -> None:
+        """The outcome and exit code from the status this sweep's run wrote."""
+        from labkit.stopping import exit_code
+
+        reason = (status or {}).get("reason")
+        self.code = exit_code(status)
+        self.outcome = {"completed": "completed", "time_limit": "time limit"}.get(
+            reason, "stopped" if reason in STOPPED else f"failed: {(status or {}).get('message')}")
+
+
+def launch_many(configs: Sequence[RunConfig | dict], *, resume: bool = False,
                 side_by_side: bool | None = None) -> list[Run]:
-    """Run every config; return the Runs that have a folder, in the configs' order.
+    """Run every config (a RunConfig, or a dict of its fields); return the Runs that have a
+    folder, in the configs' order.
 
     `side_by_side`: None picks for the machine (together on a GPU with the vLLM engine, one
     after another otherwise); True starts a process per run whatever the machine (also on a
     CPU, where the runs then share its cores). `resume`: continue named runs (see above).
     """
-    slots = [_Slot(c) for c in _named(configs)]
-    for s in slots:
-        s.cfg.check()
-    if side_by_side is None:
-        side_by_side = len(slots) > 1 and _on_gpu(slots[0].cfg)
-    if side_by_side:
-        _side_by_side(slots, resume)
-    else:
-        _one_after_another(slots, resume)
-    print(f"labkit: {summary(slots)}", flush=True)
+    slots = run_sweep(configs, resume=resume, side_by_side=side_by_side)
     return [r for r in (s.run() for s in slots) if r is not None]
 
 
-def summary(slots) -> str:
-    """'3 runs: 2 completed (a, b); 1 stopped (c: resume=True continues it)'."""
+def run_sweep(configs, *, resume: bool = False, side_by_side: bool | None = None,
+              hints: Hints = Hints()) -> list[_Slot]:
+    """launch_many, returning each config's slot (its outcome and exit code); `hints` word
+    the summary's advice for the caller (`labkit sweep` names its own flags)."""
+    slots = [_Slot(c) for c in _named(_as_configs(configs))]
+    if not slots:
+        return slots
+    for s in slots:
+        s.cfg.check()
+    _plan(slots, resume, hints)
+    _check_inputs([s.cfg for s in slots if s.outcome != "completed"])
+    if side_by_side is None:
+        side_by_side = len(slots) > 1 and _on_gpu(slots[0].cfg)
+    with _stops_caught() as stops:
+        if side_by_side:
+            _side_by_side(slots, stops)
+        else:
+            _one_after_another(slots, stops)
+    if stops:  # a stop between runs: the runs it kept from starting say which signal
+        for s in slots:
+            if s.outcome == "not started":
+                s.code = 128 + int(stops[0])
+    print(f"labkit: {summary(slots, hints)}", flush=True)
+    return slots
+
+
+def sweep_exit_code(slots) -> int:
+    """0 when every run completed, else the code of the first that did not (124 its time
+    limit, 128 + the signal of a stop, 1 a failure), from what this sweep did."""
+    return next((s.code or 1 for s in slots if s.outcome != "completed"), 0)
+
+
+def summary(slots, hints: Hints = Hints()) -> str:
+    """'3 runs: 2 completed (a, b); 1 stopped (c); launch_many(..., resume=True) continues them'."""
+    if not slots:
+        return "no runs"
+    words = {"time limit": "stopped at its --time-limit"}
     groups: dict[str, list[str]] = {}
     for s in slots:
         kind = s.outcome.split(":", 1)[0]
         groups.setdefault(kind, []).append(s.cfg.run_name + (f" ({s.outcome.split(':', 1)[1].strip()})"
                                                              if kind == "failed" else ""))
-    parts = [f"{len(v)} {k} ({', '.join(v)})" for k, v in groups.items()]
-    tail = "; launch_many(..., resume=True) continues them" if {"stopped", "not started"} & set(groups) else ""
+    parts = [f"{len(v)} {words.get(k, k)} ({', '.join(v)})" for k, v in groups.items()]
+    tail = (f"; {hints.resume} continues them" if {"stopped", "time limit", "not started"} & set(groups)
+            else "")
     return f"{len(slots)} runs: " + "; ".join(parts) + tail
 
 
+def out_of_gpu_memory(status: dict | None, log_text: str = "", log: Path | None = None) -> str | None:
+    """The summary's words for a side-by-side run that died of CUDA out-of-memory, when its
+    status (message, traceback) or its log says so; None otherwise."""
+    texts = [str((status or {}).get("message") or ""), str((status or {}).get("traceback") or ""),
+             log_text]
+    if not any(mark in t for t in texts for mark in ("CUDA out of memory", "OutOfMemoryError")):
+        return None
+    where = f" ({log})" if log else ""
+    return ("ran out of GPU memory: the memory plan let it start, which it should not have; run "
+            f"fewer at once or lower --max-tokens-per-gpu, and keep its log{where} for the plan's fix")
+
+
+# ----------------------------------------------------------------------------- before it starts
+def _as_configs(configs) -> list[RunConfig]:
+    """RunConfigs from a list of RunConfigs or dicts of RunConfig fields (ConfigError else)."""
+    if isinstance(configs, (RunConfig, dict, str, bytes)):
+        raise ConfigError("launch_many takes a list of configs (RunConfigs or dicts of their "
+                          "fields); for one run use labkit.launch(cfg), or launch_many([cfg])")
+    out = []
+    for i, c in enumerate(configs):
+        if isinstance(c, dict):
+            c = RunConfig().replace(**c)  # an unknown field is refused, naming the valid ones
+        elif not isinstance(c, RunConfig):
+            raise ConfigError(f"launch_many: config {i} is a {type(c).__name__}; pass RunConfigs "
+                              f"or dicts of RunConfig fields, e.g. {{'seed': 1}}")
+        out.append(c)
+    return out
+
+
+def _plan(slots: list[_Slot], resume: bool, hints: Hints) -> None:
+    """Decide what each run does (start, continue its folder, or nothing: completed), and
+    refuse in one line, before anything starts, the runs that cannot do what was asked."""
+    held = [s for s in slots if s.run() is not None] if not resume else []
+    if held:  # without resume, a folder that holds a run is never taken
+        one = len(held) == 1
+        folders = ", ".join(str(s.dir) for s in held)
+        raise RunLogError(f"{folders} already hold{'s a run' if one else ' runs'}; {hints.resume} "
+                          f"continues {'it' if one else 'them'}, or give "
+                          f"{'this config' if one else 'these configs'} {hints.rename} "
+                          f"(nothing was started)")
+    problems = []
+    for s in slots:
+        try:
+            _plan_one(s, hints)
+        except LabkitError as e:
+            problems.append(one_line(e))
+    if len(problems) == 1:
+        raise RunLogError(f"{problems[0]} (nothing was started)")
+    if problems:
+        raise RunLogError(f"{len(problems)} runs cannot go as asked, nothing was started: "
+                          + "; ".join(problems))
+
+
+def _plan_one(s: _Slot, hints: Hints) -> None:
+    """One run's part of _plan with resume: a folder that holds a run is continued only when
+    it holds this config (up to RESUMABLE and SHARED_GPU_FIELDS) with steps left."""
+    from labkit.lifecycle import check_resumable
+
+    if s.run() is None:
+        return  # a new run (RunLog.create refuses a folder that holds one made meanwhile)
+    try:
+        saved = saved_config(s.dir)
+    except (ValueError, TypeError, OSError) as e:  # cut short, edited by hand
+        raise RunLogError(f"{s.dir / CONFIG} cannot be read ({e.__class__.__name__}: "
+                          f"{one_line(e)}); remove {s.dir} to run it afresh") from None
+    changed = [m for m in config_mismatches(saved, s.cfg)
+               if m.split(":", 1)[0][2:].replace("-", "_") not in SHARED_GPU_FIELDS]
+    if changed:
+        raise RunLogError(f"{s.dir} holds a run of another config ({'; '.join(changed)}); give "
+                          f"this config {hints.rename}, or remove {s.dir} to start it afresh")
+    log, asked = RunLog(s.dir), s.cfg.num_rollout
+    done = log.last_step() + 1
+    completed = (log.status() or {}).get("reason") == "completed"
+    if completed and asked == done:
+        s.outcome = "completed"
+        return
+    if completed and asked < done:
+        raise RunLogError(f"{s.dir} completed {done} steps and {asked} were asked; ask for "
+                          f"{done}, or give this config {hints.rename}")
+    if completed and not _checkpoint_after(s.dir, done - 1):
+        raise RunLogError(f"{s.dir} completed {done} steps and keeps no checkpoint to go on to "
+                          f"{asked} from; give this config {hints.rename} (with "
+                          f"{hints.set('save_interval', 'K')} a completed run keeps one)")
+    try:
+        check_resumable(log, saved.replace(num_rollout=asked), done)
+    except RunLogError as e:
+        raise RunLogError(f"{s.dir} cannot go on to step {asked - 1}: {one_line(e)}; or remove "
+                          f"{s.dir} to run it afresh") from None
+    s.resume_dir = str(s.dir)
+    s.cfg = saved.replace(**{k: getattr(s.cfg, k) for k in RESUMABLE})
+
+
+def _checkpoint_after(run_dir: Path, step: int) -> bool:
+    from labkit.checkpoint import latest_checkpoint
+
+    try:
+        found = latest_checkpoint(run_dir)
+    except RunLogError:
+        return False
+    return found is not None and found[0] >= step
+
+
+def _check_inputs(configs: list[RunConfig]) -> None:
+    """What every run would refuse at its start, refused once before any starts: the data
+    (and its held-out split), the reward and the model, each distinct one read once."""
+    from labkit import data as datamod
+    from labkit.evaluation import held_out_problems
+    from labkit.models import resolve_model
+    from labkit.reward import load_reward
+
+    seen: set = set()
+    for c in configs:
+        checks = [(("data", c.data, c.synthetic_steps),
+                   lambda c=c: datamod.load_problems(c.data, "train", seed=0,
+                                                     synthetic_steps=c.synthetic_steps)),
+                  (("eval", c.data, c.synthetic_steps, c.eval_split_size),
+                   lambda c=c: held_out_problems(c)),
+                  (("reward", c.rm_type, c.custom_rm_path),
+                   lambda c=c: load_reward(c.rm_type, c.custom_rm_path)),
+                  (("model", c.model), lambda c=c: resolve_model(c.model))]
+        for key, check in checks:
+            if key not in seen:
+                seen.add(key)
+                check()
+
+
+# ----------------------------------------------------------------------------- stops
+@contextlib.contextmanager
+def _stops_caught():
+    """SIGTERM, SIGHUP and SIGINT while the sweep runs, as a list of signal numbers: between
+    two runs no trainer catches them, and a stop there must start no further run (a run
+    catches them itself while it runs). Main thread only; elsewhere nothing is caught."""
+    stops: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield stops
+        return
+
+    def note(signum, frame):
+        stops.append(signum)
+        print(f"labkit: {signal.Signals(signum).name}: the sweep stops; no further run starts",
+              file=sys.stderr, flush=True)
+
+    previous = {sig: signal.signal(sig, note) for sig in STOP_SIGNALS}
+    try:
+        yield stops
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
 # ----------------------------------------------------------------------------- one after another
-def _one_after_another(slots: list[_Slot], resume: bool) -> None:
-    """Each run in this process in turn; a stop ends the sweep after the run it stopped."""
-    from labkit.trainer import train
+def _one_after_another(slots: list[_Slot], stops: list[int]) -> None:
+    """Each run in this process in turn; a stop ends the sweep after the run it stopped (also
+    one that came in a run's last step, which the run then completes)."""
+    from labkit.stopping import StopController
+    from labkit.trainer import CHECKPOINT_RESERVE_S, train
 
     for s in slots:
-        done = _resume_point(s) if resume else None
-        if done == "completed":
-            s.outcome = "completed"
+        if s.outcome == "completed":
             continue
+        if stops:
+            return
+        stopper = StopController(s.cfg.time_limit_seconds, reserve_s=CHECKPOINT_RESERVE_S)
         try:
-            run = train(s.cfg, resume=done)
-        except KeyboardInterrupt:  # a second stop, or one between two runs
-            s.outcome = "stopped" if s.run() else "not started"
+            run = train(s.cfg, resume=s.resume_dir, stopper=stopper)
+        except KeyboardInterrupt:  # a second stop, or one before the run caught signals
+            _interrupted(s)
             return
-        except Exception as e:  # noqa: BLE001 - one run's failure is said and the sweep goes on
-            s.outcome = f"failed: {one_line(e)}" if isinstance(e, LabkitError) else \
-                f"failed: {e.__class__.__name__}: {one_line(e)}"
-            print(f"labkit: run {s.cfg.run_name} failed: {s.outcome[8:]}", file=sys.stderr, flush=True)
+        except BaseException as e:  # noqa: BLE001 - any other end is this run's failure
+            s.fail(_failure_words(e), getattr(e, "exit_code", 1))
             continue
-        reason = (run.status or {}).get("reason")
-        s.outcome = "completed" if reason == "completed" else "stopped"
-        if reason in STOPPED:
+        finally:
+            if stopper.signal_name:  # the run caught the stop: it is the sweep's too
+                stops.append(signal.Signals[stopper.signal_name])
+        s.ended(run.status)
+        if s.outcome == "stopped":
             return
 
 
-def _resume_point(s: _Slot) -> str | None:
-    """'completed' (nothing to do), the folder to continue, or None (start afresh)."""
+def _interrupted(s: _Slot) -> None:
+    """The outcome of a run a KeyboardInterrupt ended: stopped (not started when it left no
+    folder), with the code of the signal its status names (130, SIGINT, when none)."""
+    from labkit.stopping import exit_code
+
     run = s.run()
-    if run is None:
-        return None
-    if (run.status or {}).get("reason") == "completed":
-        return "completed"
-    return str(s.dir)
+    status = (run.status if run else None) or {}
+    s.outcome = "stopped" if run else "not started"
+    s.code = exit_code(status) if status.get("reason") == "signal" else 128 + int(signal.SIGINT)
+
+
+def _failure_words(e: BaseException) -> str:
+    """Why a run failed, in one line: a LabkitError's message, else the exception's class and
+    message; for sys.exit(), where it was called (a custom reward, most likely)."""
+    if isinstance(e, LabkitError):
+        return one_line(e)
+    if isinstance(e, SystemExit):
+        frames = traceback.extract_tb(e.__traceback__)
+        where = f" in {frames[-1].filename}, line {frames[-1].lineno}" if frames else ""
+        return f"SystemExit: sys.exit({e.code!r}) was called{where}"
+    return f"{e.__class__.__name__}: {one_line(e)}"
 
 
 # ----------------------------------------------------------------------------- side by side
-def _side_by_side(slots: list[_Slot], resume: bool) -> None:
+def _side_by_side(slots: list[_Slot], stops: list[int]) -> None:
     """A process per run, started together after the memory check; wait, forwarding a stop."""
     from labkit import memory
     from labkit.models import resolve_model
 
-    todo = []
-    for s in slots:
-        point = _resume_point(s) if resume else None
-        if point == "completed":
-            s.outcome = "completed"
-        else:
-            todo.append((s, point))
+    todo = [s for s in slots if s.outcome != "completed"]
     if not todo:
         return
-    fresh = [s for s, point in todo if point is None]
+    for s in todo:  # a bar of its own would only fill its log
+        s.cfg = s.cfg.replace(progress=False)
+    fresh = [s for s in todo if s.resume_dir is None]
     if fresh and _on_gpu(fresh[0].cfg):
         path = resolve_model(fresh[0].cfg.model)  # a GGUF is dequantized once, not per process
         shape = memory.ModelShape.of(path)
@@ -153,10 +386,15 @@ def _side_by_side(slots: list[_Slot], resume: bool) -> None:
         else:
             print("labkit: the GPU's free memory could not be read; starting without the check",
                   file=sys.stderr, flush=True)
-    for s, point in todo:
-        s.proc = _start(s, point)
-        s.outcome = "running"
-    _wait(slots)
+    for s in todo:
+        if stops:
+            break
+        try:
+            s.proc = _start(s, s.resume_dir)
+            s.outcome = "running"
+        except OSError as e:  # no process for this run (a full disk, too many processes)
+            s.fail(f"could not start its process ({e.strerror or e})")
+    _wait(slots, stops)
 
 
 def _shared_gpu(cfg: RunConfig, shape, runs: int, free: float | None) -> RunConfig:
@@ -177,21 +415,39 @@ def _shared_gpu(cfg: RunConfig, shape, runs: int, free: float | None) -> RunConf
 
 
 def _start(s: _Slot, resume_dir: str | None) -> subprocess.Popen:
-    """`labkit launch` in a process of its own session (so a terminal's Ctrl-C reaches only
-    this one, which passes it on once), its output in <output_dir>/<run_name>.log."""
+    """`labkit launch-config` in a process of its own session (so a terminal's Ctrl-C reaches
+    only this one, which passes it on once), its output in <output_dir>/<run_name>.log.
+    Python runs with -P, this labkit first on its path: a folder named `labkit` where the
+    sweep runs (the one that holds the checkout) must not stand in for the package."""
     out = Path(s.cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if resume_dir:
-        cmd = ["launch", "--resume", resume_dir, "--num-rollout", str(s.cfg.num_rollout), "--no-progress"]
-    else:
-        spec = out / f".{s.cfg.run_name}.config.json"
-        spec.write_text(json.dumps(s.cfg.to_dict(), indent=1))
-        cmd = ["launch-config", str(spec)]
+    spec = out / f".{s.cfg.run_name}.config.json"
+    spec.write_text(json.dumps(s.cfg.to_dict(), indent=1))
+    cmd = ["launch-config", str(spec), *(["--resume", resume_dir] if resume_dir else [])]
     log = open(out / f"{s.cfg.run_name}.log", "ab")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "labkit", *cmd], stdout=log, stderr=subprocess.STDOUT,
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **_package_path()}
+    return subprocess.Popen([*_python(), "-m", "labkit", *cmd], stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env, start_new_session=True,
                             preexec_fn=_stop_with_parent)
+
+
+def _python() -> tuple[str, ...]:
+    """This Python, with -P where it takes it (labkit.serving.cluster.isolated)."""
+    from labkit.serving.cluster import isolated
+
+    return isolated(sys.executable)
+
+
+def _package_path() -> dict:
+    """PYTHONPATH for a run's process: the checkout this labkit runs from first (never a
+    site-packages), so that the run imports the labkit that started it."""
+    import labkit
+
+    root = Path(labkit.__file__).resolve().parents[1]
+    if not (root / "pyproject.toml").is_file():
+        return {}
+    rest = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": os.pathsep.join([str(root), *([rest] if rest else [])])}
 
 
 def _stop_with_parent() -> None:
@@ -205,43 +461,56 @@ def _stop_with_parent() -> None:
         pass
 
 
-def _wait(slots: list[_Slot]) -> None:
+def _wait(slots: list[_Slot], stops: list[int]) -> None:
     """Show every run's progress until all have ended; a stop goes to each run once (the
-    second interrupts their steps, the third kills them)."""
+    second interrupts their steps, the third kills them). Should the wait itself fail, the
+    runs are stopped after their step, not left running unseen."""
     board = _Board(slots)
-    stops = 0
+    forwarded = 0
     try:
         while any(s.proc and s.proc.poll() is None for s in slots):
             try:
                 board.refresh()
                 _sleep_until_exit(slots, 1.0)
-            except KeyboardInterrupt:
-                stops += 1
-                sig = signal.SIGKILL if stops >= 3 else signal.SIGINT
-                for s in slots:
-                    if s.proc and s.proc.poll() is None:
-                        s.proc.send_signal(sig)
+            except KeyboardInterrupt:  # where no handler of ours was installed (not the main thread)
+                stops.append(signal.SIGINT)
+            while forwarded < len(stops):
+                forwarded += 1
+                _forward(slots, signal.SIGKILL if forwarded >= 3 else signal.SIGINT)
                 board.say("stopping every run after its step (stop again to interrupt now)"
-                          if stops == 1 else "interrupting the runs now")
+                          if forwarded == 1 else "interrupting the runs now")
         board.refresh()
+    except BaseException:
+        _forward(slots, signal.SIGINT)
+        raise
     finally:
         board.close()
     for s in slots:
-        if s.proc is None:
-            continue
-        status = (s.run().status if s.run() else None) or {}
-        reason = status.get("reason")
-        if reason == "completed":
-            s.outcome = "completed"
-        elif reason in STOPPED:
-            s.outcome = "stopped"
-        else:
-            why = status.get("message") or _last_line(Path(s.cfg.output_dir) / f"{s.cfg.run_name}.log")
-            if s.proc.returncode < 0:  # no status: the process was killed (out of memory?)
-                name = signal.Signals(-s.proc.returncode).name
-                why = f"killed by {name} (the system's out-of-memory killer, or a kill); last output: {why}"
-            s.outcome = f"failed: {why}"
-            print(f"labkit: run {s.cfg.run_name} failed: {why}", file=sys.stderr, flush=True)
+        if s.proc is not None:
+            _said_how_it_ended(s)
+
+
+def _forward(slots: list[_Slot], sig: int) -> None:
+    for s in slots:
+        if s.proc and s.proc.poll() is None:
+            s.proc.send_signal(sig)
+
+
+def _said_how_it_ended(s: _Slot) -> None:
+    """A side-by-side run's outcome from its status.json, else from its process and log."""
+    status = (s.run().status if s.run() else None) or {}
+    if status.get("reason") in ("completed", "time_limit", *STOPPED):
+        s.ended(status)
+        return
+    log = Path(s.cfg.output_dir) / f"{s.cfg.run_name}.log"
+    why = status.get("message") or _last_line(log)
+    oom = out_of_gpu_memory(status, _tail(log), log)
+    if oom:
+        why = oom
+    elif s.proc.returncode < 0:  # no status: the process was killed (out of memory?)
+        name = signal.Signals(-s.proc.returncode).name
+        why = f"killed by {name} (the system's out-of-memory killer, or a kill); last output: {why}"
+    s.fail(why)
 
 
 def _sleep_until_exit(slots, seconds: float) -> None:
@@ -254,11 +523,15 @@ def _sleep_until_exit(slots, seconds: float) -> None:
             pass
 
 
-def _last_line(path: Path) -> str:
+def _tail(path: Path, lines: int = 40) -> str:
     try:
-        lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
-        return "no output"
+        return ""
+
+
+def _last_line(path: Path) -> str:
+    lines = [x for x in _tail(path).splitlines() if x.strip()]
     return lines[-1][:300] if lines else "no output"
 
 
@@ -268,8 +541,8 @@ class _Board:
     def __init__(self, slots):
         from tqdm.auto import tqdm
 
-        width = max(len(s.cfg.run_name) for s in slots)
         self.slots = [s for s in slots if s.proc is not None]
+        width = max((len(s.cfg.run_name) for s in self.slots), default=0)
         self.bars = [tqdm(total=s.cfg.num_rollout, desc=s.cfg.run_name.ljust(width), unit="step",
                           position=i, leave=True, dynamic_ncols=True)
                      for i, s in enumerate(self.slots)]
@@ -296,16 +569,25 @@ class _Board:
 
 # ----------------------------------------------------------------------------- helpers
 def _named(configs: Sequence[RunConfig]) -> list[RunConfig]:
-    """Every config with a run folder name of its own (made unique where two would clash)."""
+    """Every config with a run folder of its own: where two would share one (however the
+    folder is spelled: `runs` and `runs/`), the later is given `<name>-2` (said when the
+    name was given, not made)."""
     out, seen = [], set()
     for c in configs:
         name = c.run_name or default_run_name(c)
         base, k = name, 2
-        while (c.output_dir, name) in seen:
+        while _folder(c.output_dir, name) in seen:
             name, k = f"{base}-{k}", k + 1
-        seen.add((c.output_dir, name))
+        if c.run_name and name != base:
+            print(f"labkit: two configs name the run folder {Path(c.output_dir) / base}; this one "
+                  f"runs as {name}", file=sys.stderr, flush=True)
+        seen.add(_folder(c.output_dir, name))
         out.append(c.replace(run_name=name))
     return out
+
+
+def _folder(output_dir: str, name: str) -> str:
+    return os.path.normpath(os.path.abspath(os.path.join(os.path.expanduser(str(output_dir)), name)))
 
 
 def _on_gpu(cfg: RunConfig) -> bool:

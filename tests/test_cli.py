@@ -208,3 +208,129 @@ def test_without_a_progress_bar_each_finished_step_is_one_line(tmp_path, tiny_mo
     steps = [line for line in out.splitlines() if line.startswith("step ")]
     assert [line.split(":")[0] for line in steps] == ["step 0", "step 1"]
     assert all(", update " in line and " s, step " in line for line in steps), steps
+
+
+# ----------------------------------------------------------------------------- labkit sweep
+STOP_ONCE = '''
+import os, signal
+from pathlib import Path
+
+def stops_once(response, label):
+    flag = Path(__file__).parent / "stop-once"
+    if flag.exists():
+        flag.unlink()
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, in the first run's first step
+    return float(len(response) % 2)
+'''
+
+
+def test_a_stopped_sweep_says_the_command_that_continues_it(tmp_path, tiny_model_dir, capsys):
+    """The exit code is this command's (130: its stop), the summary names the labkit sweep
+    command that continues the runs, and that command finishes them (exit 0); the same
+    command without --resume is refused in one line, naming it."""
+    reward = tmp_path / "rewards.py"
+    reward.write_text(STOP_ONCE)
+    (tmp_path / "stop-once").write_text("")
+    flags = tiny_flags(tiny_model_dir, tmp_path / "runs")
+    flags[flags.index("--run-name") + 1] = "cli"
+    sweep = ["sweep", *flags, "--seed", "1,2", "--custom-rm-path", f"{reward}:stops_once"]
+    assert main(sweep) == 130
+    said = capsys.readouterr().out
+    assert "2 runs: 1 stopped (cli-p2-n4-s1); 1 not started (cli-p2-n4-s2); `labkit sweep " in said
+    assert "--resume` continues them" in said and "launch_many" not in said
+    assert main([*sweep, "--resume"]) == 0
+    assert "2 runs: 2 completed (cli-p2-n4-s1, cli-p2-n4-s2)" in capsys.readouterr().out
+    for seed in (1, 2):
+        steps = [json.loads(line)["rollout/step"]
+                 for line in (tmp_path / "runs" / f"cli-p2-n4-s{seed}" / "metrics.jsonl").open()]
+        assert steps == [0, 1]
+    assert main(sweep) == 2  # not 130 from the earlier run's status
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cli-p2-n4-s2 already hold runs; `labkit sweep " in err[0]
+    assert "--resume` continues them, or give these configs another --run-name" in err[0]
+
+
+def test_a_sweep_splits_numbers_and_choices_never_paths(tmp_path, tiny_model_dir, monkeypatch):
+    import labkit.sweep
+
+    started = []
+    monkeypatch.setattr(labkit.sweep, "run_sweep", lambda configs, **kw: started.extend(configs) or [])
+    out = tmp_path / "a,b" / "runs"
+    flags = tiny_flags(tiny_model_dir, out)
+    assert main(["sweep", *flags, "--seed=1,2", "--save-interval", "-1,1",
+                 "--loss-agg-mode", "token-mean,seq-mean"]) == 0
+    assert len(started) == 8 and {c.output_dir for c in started} == {str(out)}
+    assert {(c.seed, c.save_interval, c.loss_agg_mode) for c in started} == {
+        (seed, save, mode) for seed in (1, 2) for save in (-1, 1) for mode in ("token-mean", "seq-mean")}
+    assert len({c.run_name for c in started}) == 8
+
+
+@pytest.mark.parametrize("lists, said", [
+    (["--seed", "1,1"], "--seed 1,1: 1 is listed twice; list each value once"),
+    (["--lr", "1e-3,0.001"], "--lr 1e-3,0.001: 0.001 is listed twice (the same value as 1e-3)"),
+    (["--seed", "1,x"], "argument --seed: invalid int value: 'x'"),
+    (["--seed", "1,2", "--seed", "3"], "--seed: the listed values do not reach the runs"),
+    (["--seed", "1,2,3", "--data", "NOWHERE"], "--data 'NOWHERE': no such file or folder"),
+    (["--seed", "1,2", "--run-name", "../x"], "--run-name '../x': a run name is one folder"),
+    (["--seed", "1,2", "--backend", "miles"], "--backend: the sweep trains with labkit itself"),
+])
+def test_a_sweep_that_cannot_run_is_one_line_before_anything_starts(tmp_path, tiny_model_dir, capsys,
+                                                                     lists, said):
+    out = tmp_path / "runs"
+    lists = [str(tmp_path / "nowhere") if x == "NOWHERE" else x for x in lists]
+    said = said.replace("NOWHERE", str(tmp_path / "nowhere"))
+    assert main(["sweep", *tiny_flags(tiny_model_dir, out), *lists]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"labkit sweep: {said}"), err
+    assert not out.exists()
+
+
+def test_sweep_help_lists_only_what_the_sweep_takes(capsys):
+    assert main(["sweep", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--resume " in out and "--dry-run" in out and "--time-limit is each run's own" in out
+    assert "--backend" not in out and "RUN_DIR" not in out
+
+
+# ----------------------------------------------------------------------------- causes named
+@pytest.mark.parametrize("variable, flag", [("LABKIT_MODEL", "--model"), ("LABKIT_DATA", "--data")])
+def test_an_error_in_a_local_copy_variable_names_the_variable(tmp_path, tiny_model_dir, monkeypatch,
+                                                             capsys, variable, flag):
+    monkeypatch.setenv(variable, str(tmp_path / "nowhere"))
+    flags = [x for x in tiny_flags(tiny_model_dir, tmp_path / "runs")]
+    i = flags.index(flag)
+    del flags[i:i + 2]  # the default comes from the variable
+    assert main(["launch", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"labkit launch: {variable}=") and "no such file or folder" in err
+    assert f"{flag} " not in err.split(":", 2)[1]
+
+
+def test_a_custom_reward_that_fails_at_import_is_one_line_naming_the_file(tmp_path, tiny_model_dir,
+                                                                          capsys):
+    bad = tmp_path / "broken_reward.py"
+    bad.write_text("def reward(response, label)\n    return 1.0\n")
+    flags = tiny_flags(tiny_model_dir, tmp_path / "runs") + ["--custom-rm-path", f"{bad}:reward"]
+    assert main(["launch", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"importing {bad} failed (SyntaxError" in err
+    assert "did not expect" not in err
+
+
+def test_a_binary_file_in_a_run_folder_is_one_line_naming_it(tmp_path, capsys):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.jsonl").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    assert main(["compare", str(run), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"labkit compare: {run / 'metrics.jsonl'} is not text") and "\n" not in err
+    assert "did not expect" not in err
+
+
+def test_a_run_that_stopped_before_its_first_step_names_no_log_it_lacks(tmp_path, tiny_model_dir,
+                                                                        capsys):
+    out = tmp_path / "runs"
+    assert main(["launch", *tiny_flags(tiny_model_dir, out), "--time-limit", "0.001"]) == 124
+    said = capsys.readouterr().out
+    assert not (out / "tiny" / "metrics.jsonl").exists() and "run log:" not in said
+    assert f"run folder: {out / 'tiny'} (no step finished" in said

@@ -281,3 +281,12 @@ def test_local_copies_of_the_recipes_model_and_data_come_from_the_environment(mo
     assert (cpu.model, cpu.data) == ("smollm2", "synthetic")
     monkeypatch.setenv("LABKIT_MODEL", " ")  # set but blank: the recipe's own
     assert RunConfig().model == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+@pytest.mark.parametrize("name", ["../x", "/abs", "a/b", "..", ".hidden", "", "a\\b"])
+def test_a_run_name_that_is_not_one_folder_is_refused(name):
+    with pytest.raises(ConfigError) as e:
+        RunConfig(run_name=name).check()
+    assert str(e.value).startswith(f"--run-name {name!r}: a run name is one folder inside --output-dir")
+    assert "\n" not in str(e.value)
+    RunConfig(run_name="n8-s1.v2").check()  # dots and dashes inside are a plain name

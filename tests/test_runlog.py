@@ -62,3 +62,52 @@ def test_a_failed_start_removes_only_what_it_made(tmp_path):
     (tmp_path / "kept" / "notes.txt").write_text("mine")
     RunLog.create(tmp_path / "kept", {"seed": 1}).abandon()
     assert [p.name for p in (tmp_path / "kept").iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize("by_hand", [False, True], ids=["new folder", "folder made by hand"])
+def test_two_starts_of_one_run_at_once_the_loser_is_refused_and_removes_nothing(tmp_path, monkeypatch,
+                                                                                 by_hand):
+    """Two kernels start one fixed run name together: the first to reach the folder's lock
+    waits there (an event) until the second has made the run; it is then refused in one line,
+    and the second's folder, config and lock stay as they were."""
+    import threading
+
+    from labkit import runlog
+
+    run = tmp_path / "runs" / "fixed"
+    if by_hand:
+        run.mkdir(parents=True)
+        (run / "notes.txt").write_text("mine")
+    real, entered, second_done = runlog.RunLock.acquire, threading.Event(), threading.Event()
+    results = {}
+
+    def acquire(path):
+        if threading.current_thread() is not threading.main_thread():
+            entered.set()
+            assert second_done.wait(60)
+        return real(path)
+
+    def start(who):
+        try:
+            results[who] = RunLog.create(run, {"who": who})
+        except RunLogError as e:
+            results[who] = e
+
+    monkeypatch.setattr(runlog.RunLock, "acquire", staticmethod(acquire))
+    first = threading.Thread(target=start, args=("first",))
+    first.start()
+    assert entered.wait(60)
+    start("second")  # while the first waits at the lock
+    second_done.set()
+    first.join(60)
+    refused = results["first"]
+    assert isinstance(refused, RunLogError) and "\n" not in str(refused)
+    assert json.loads((run / "config.json").read_text()) == {"who": "second"}
+    assert json.loads((run / "lock").read_text())["pid"] == os.getpid()  # still held
+    assert sorted(p.name for p in run.parent.iterdir()) == ["fixed"]  # no hidden folder left
+    results["second"].release()
+
+
+def test_a_new_run_folder_gets_the_users_umask(tmp_path, umask_022):
+    RunLog.create(tmp_path / "run", {"seed": 1}).release()
+    assert (tmp_path / "run").stat().st_mode & 0o777 == 0o755

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from labkit import memory, sweep
-from labkit.runlog import read_jsonl
+from labkit.config import ConfigError
+from labkit.runlog import RunLogError, read_jsonl
 
 REWARD = '''
-import os, signal, time
+import os, signal, sys, time
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -40,6 +41,14 @@ def stops_once_at_step_0(response, label):
     if flag.exists():
         flag.unlink()
         os.kill(os.getpid(), signal.SIGINT)  # as a notebook's stop button would
+    return float(len(response) % 2)
+
+def exits_at_step_0(response, label):
+    sys.exit(3)  # a reward that ends its process
+
+def stops_in_the_last_step(response, label):
+    if _step(8) == 1 and calls % 8 == 1:  # step 1 of 2: the run completes, the sweep stops
+        os.kill(os.getpid(), signal.SIGINT)
     return float(len(response) % 2)
 
 def waits_at_step_1(response, label):
@@ -211,3 +220,128 @@ def test_sweep_help_names_the_sweep_and_takes_launchs_flags(capsys):
     out = capsys.readouterr().out
     assert out.startswith("labkit sweep: launch's flags, where a comma-separated value")
     assert "usage: labkit sweep" in out and "--n-samples-per-prompt" in out
+
+
+# ----------------------------------------------------------------------------- what was asked
+def test_resume_returns_a_completed_run_only_for_the_config_it_ran(tiny_cfg, capsys):
+    """A completed run is returned as it is only for its own config (bookkeeping aside): one
+    of another seed, lr or number of steps is refused in one line, nothing started; a longer
+    one goes on where the run kept a checkpoint after its last step (--save-interval)."""
+    plain, kept = tiny_cfg.replace(run_name="plain"), tiny_cfg.replace(run_name="kept", save_interval=1)
+    sweep.launch_many([plain, kept], resume=True)
+    refusals = {"seed": (dict(seed=8), "--seed: folder has 7, given 8"),
+                "lr": (dict(lr=2e-3), "--lr: folder has 0.001, given 0.002"),
+                "fewer steps": (dict(num_rollout=1), "completed 2 steps and 1 were asked"),
+                "more steps": (dict(num_rollout=3), "keeps no checkpoint to go on to 3 from")}
+    for what, (change, said) in refusals.items():
+        with pytest.raises(RunLogError) as e:
+            sweep.launch_many([plain.replace(**change)], resume=True)
+        assert said in str(e.value) and "\n" not in str(e.value), what
+        assert "nothing was started" in str(e.value) and "another run_name" in str(e.value), what
+    again = sweep.launch_many([plain.replace(progress=True, time_limit="1h")], resume=True)
+    assert [(r.dir.name, _steps(r)) for r in again] == [("plain", [0, 1])]  # bookkeeping: the same run
+    (longer,) = sweep.launch_many([kept.replace(num_rollout=3)], resume=True)
+    assert _steps(longer) == [0, 1, 2] and longer.status["reason"] == "completed"
+
+
+def test_one_folder_spelled_two_ways_is_two_runs_not_one_twice(tiny_cfg, capsys):
+    a = tiny_cfg.replace(output_dir=tiny_cfg.output_dir)
+    b = tiny_cfg.replace(output_dir=tiny_cfg.output_dir + "/")
+    named = sweep._named([a, b])
+    assert [c.run_name for c in named] == ["tiny", "tiny-2"]
+    assert "this one runs as tiny-2" in capsys.readouterr().err
+
+
+def test_configs_may_be_dicts_of_fields_and_anything_else_is_one_line(tiny_cfg):
+    (run,) = sweep.launch_many([{**tiny_cfg.to_dict(), "run_name": "from-a-dict"}])
+    assert run.dir.name == "from-a-dict" and run.status["reason"] == "completed"
+    with pytest.raises(ConfigError, match="unknown field 'sede'"):
+        sweep.launch_many([{"sede": 1}])
+    for wrong in (tiny_cfg, "runs", [tiny_cfg, 3]):
+        with pytest.raises(ConfigError) as e:
+            sweep.launch_many(wrong)
+        assert "\n" not in str(e.value) and "RunConfig" in str(e.value)
+
+
+def test_a_run_that_calls_sys_exit_fails_alone(tiny_cfg, rewards, capsys):
+    cfgs = [tiny_cfg.replace(run_name="exits", custom_rm_path=f"{rewards}:exits_at_step_0"),
+            tiny_cfg.replace(run_name="good")]
+    runs = sweep.launch_many(cfgs)
+    assert [(r.dir.name, r.status["reason"]) for r in runs] == [("exits", "error"), ("good", "completed")]
+    captured = capsys.readouterr()
+    assert f"run exits failed: SystemExit: sys.exit(3) was called in {rewards}" in captured.err
+    assert "labkit: 2 runs: 1 failed (exits (SystemExit" in captured.out and "1 completed (good)" in captured.out
+
+
+def test_a_stop_in_a_runs_last_step_starts_no_further_run(tiny_cfg, rewards, capsys):
+    cfgs = [tiny_cfg.replace(run_name=name, custom_rm_path=f"{rewards}:stops_in_the_last_step")
+            for name in ("first", "second")]
+    slots = sweep.run_sweep(cfgs)
+    assert [s.outcome for s in slots] == ["completed", "not started"]
+    assert sweep.sweep_exit_code(slots) == 130  # the stop (SIGINT), not the completed run
+    assert "1 completed (first); 1 not started (second); launch_many(..., resume=True)" in \
+        capsys.readouterr().out
+
+
+def test_a_runs_time_limit_stops_that_run_and_the_sweep_goes_on(tiny_cfg, capsys):
+    cfgs = [tiny_cfg.replace(run_name=name, time_limit="0.001") for name in ("a", "b")]
+    slots = sweep.run_sweep(cfgs)  # each stops at its limit before its first step
+    assert [s.outcome for s in slots] == ["time limit", "time limit"]
+    assert sweep.sweep_exit_code(slots) == 124
+    assert "2 runs: 2 stopped at its --time-limit (a, b)" in capsys.readouterr().out
+
+
+def test_bad_data_for_every_run_is_one_refusal_before_anything_starts(tiny_cfg, tmp_path, capsys):
+    from labkit.errors import DataError
+
+    cfgs = [tiny_cfg.replace(run_name=f"s{seed}", seed=seed, data=str(tmp_path / "nowhere"))
+            for seed in (1, 2, 3)]
+    with pytest.raises(DataError, match="nowhere.*no such file or folder"):
+        sweep.launch_many(cfgs)
+    assert not Path(tiny_cfg.output_dir).exists() and "failed" not in capsys.readouterr().err
+
+
+def test_a_side_by_side_run_that_ran_out_of_gpu_memory_is_said_so(tiny_cfg):
+    """What the summary says of a run whose status says CUDA ran out of memory."""
+    import subprocess
+    import sys
+
+    from labkit.runlog import RunLog
+
+    slot = sweep._Slot(tiny_cfg.replace(run_name="oom"))
+    log = RunLog.create(slot.dir, tiny_cfg.to_dict())
+    log.write_status("error", 0, "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    log.release()
+    slot.proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    slot.proc.wait()
+    sweep._said_how_it_ended(slot)
+    assert slot.outcome.startswith("failed: ran out of GPU memory: the memory plan let it start, "
+                                   "which it should not have")
+    assert sweep.out_of_gpu_memory({"reason": "error", "message": "ValueError: bad"}, "") is None
+
+
+@pytest.mark.parametrize("shadow", ["checkout", "package"])
+def test_side_by_side_runs_start_from_a_folder_that_holds_something_named_labkit(
+        tiny_cfg, tmp_path, monkeypatch, shadow):
+    """The sweep runs from the folder that holds the checkout (`labkit/`, a namespace package
+    to Python), or beside a package named labkit: each run's process still imports the labkit
+    that started it."""
+    here = tmp_path / "home"
+    (here / "labkit").mkdir(parents=True)
+    if shadow == "package":
+        (here / "labkit" / "__init__.py").write_text("raise ImportError('not the real labkit')\n")
+    else:
+        (here / "labkit" / "README.md").write_text("a checkout of labkit\n")
+    monkeypatch.chdir(here)
+    runs = sweep.launch_many([tiny_cfg.replace(num_rollout=1)], side_by_side=True)
+    assert [(r.dir.name, r.status["reason"]) for r in runs] == [("tiny", "completed")]
+
+
+def test_resume_with_a_config_json_cut_short_is_one_line(tiny_cfg):
+    folder = Path(tiny_cfg.output_dir) / "tiny"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"seed": 7, ')
+    with pytest.raises(RunLogError) as e:
+        sweep.launch_many([tiny_cfg], resume=True)
+    assert f"{folder / 'config.json'} cannot be read" in str(e.value) and "\n" not in str(e.value)
+    assert "nothing was started" in str(e.value)

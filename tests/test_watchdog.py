@@ -186,3 +186,28 @@ def test_recorded_incident_replays_to_its_committed_summary(log):
 
 def test_at_least_one_recorded_incident_is_committed():
     assert incident_logs(), "data/incidents/ holds no recorded incident log"
+
+
+def test_a_policys_stop_is_its_last_decision(tmp_path):
+    """The run stops at the policy's stop: the log after it is still counted (its burst), but
+    no decision is taken on it (no lower or restore after the stop)."""
+    events = [{"t": 0.0, "event": "step_start", "step": 0, "requests": 8, "open_limit": 64},
+              done(1.0), fail(200.0, "a"), fail(201.0, "b"), done(230.0, "a")]
+    path = write(tmp_path / "stalled.jsonl", [json.dumps(e) for e in events])
+    result = replay(path, policy=Policy(on_burst="lower", stop_stall_s=100.0))
+    assert result.decisions["action"].tolist() == ["stall", "stop"]
+    assert result.summary["stopped_at_s"] == 101.0 and len(result.bursts) == 1
+    assert "stopped the run at 101.0 s" in result.report()
+
+
+def test_a_file_that_is_not_a_client_log_is_refused_in_one_line(tmp_path, capsys):
+    png = tmp_path / "timeline.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
+    metrics = write(tmp_path / "metrics.jsonl", [json.dumps({"rollout/step": 0, "rollout/raw_reward": 0.5})])
+    for path in (png, metrics):
+        with pytest.raises(ValueError, match="not a client log"):
+            replay(path)
+    assert labkit_main(["replay", str(png), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"labkit replay: {png}: not a client log") and "\n" not in err
+    assert not (tmp_path / "o").exists()

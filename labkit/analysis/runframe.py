@@ -94,6 +94,9 @@ def load_runs(paths: PathLike | Sequence[PathLike], *, constructed: bool = False
         try:
             frame = _read_miles(path) if miles else _read_run_folder(path, explicit)
         except (ValueError, OSError) as e:  # AnalysisError too
+            if isinstance(e, UnicodeDecodeError) and not path.is_file():  # train_args.txt, say
+                raise AnalysisError(f"{path}: a file in it is not text ({_why_not_text(e)}); "
+                                    f"restore it, or leave {path} out") from None
             if not path.is_file():
                 raise
             warnings.warn(f"skipped {path}: not a run folder or a miles log ({e})", stacklevel=2)
@@ -224,7 +227,7 @@ def _search_run_folders(top: Path) -> list[Path]:
 def _read_run_folder(path: Path, explicit: bool) -> pd.DataFrame | None:
     """One labkit run folder as tidy rows; None (with a warning) for a run found by search
     that has no finished step yet."""
-    rows, bad = read_jsonl(path / METRICS)
+    rows, bad = _text_rows(path / METRICS)
     if bad:
         warnings.warn(
             f"run {path.name}: skipped {bad} unreadable line(s) of {path / METRICS} "
@@ -238,7 +241,7 @@ def _read_run_folder(path: Path, explicit: bool) -> pd.DataFrame | None:
         warnings.warn(f"{problem}; skipped", stacklevel=4)
         return None
     config = _read_json(path / CONFIG)
-    pauses, _ = read_jsonl(path / HEAT)
+    pauses, _ = _text_rows(path / HEAT)
     return _tidy(
         pd.DataFrame(rows), config, name=str(config.get("run_name") or path.name), path=path,
         source="labkit", status=_read_json(path / STATUS).get("reason"), pauses=pauses,
@@ -250,8 +253,28 @@ def _read_json(path: Path) -> dict:
         return {}
     try:
         return json.loads(path.read_text())
+    except UnicodeDecodeError as e:
+        raise AnalysisError(_not_text(path, e)) from None
     except json.JSONDecodeError as e:
         raise AnalysisError(f"{path} is not valid JSON ({e}); restore it from the run's launch") from e
+
+
+def _text_rows(path: Path) -> tuple[list[dict], int]:
+    """A run's JSONL file as rows (labkit.runlog.read_jsonl); one that is not text (a binary
+    file in its place) is an AnalysisError naming it."""
+    try:
+        return read_jsonl(path)
+    except UnicodeDecodeError as e:
+        raise AnalysisError(_not_text(path, e)) from None
+
+
+def _not_text(path: Path, e: UnicodeDecodeError) -> str:
+    return (f"{path} is not text ({_why_not_text(e)}): a binary file in a run folder's place; "
+            f"restore it from the run, or leave the run out")
+
+
+def _why_not_text(e: UnicodeDecodeError) -> str:
+    return f"byte {e.start} is {e.object[e.start:e.start + 1]!r}, not UTF-8"
 
 
 def _read_miles(path: Path) -> pd.DataFrame:

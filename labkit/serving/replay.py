@@ -4,7 +4,9 @@ The course's 16-answer run logged its 503s and nobody looked while it ran. `repl
 feeds every event of a client log (labkit.serving.client writes them) to a
 labkit.serving.watchdog.Watchdog in time order, so the same log always gives the same
 bursts, stalls and decisions; `timeline` draws them. Bad lines are counted, never raised:
-a log cut short by a killed run still replays.
+a log cut short by a killed run still replays; a file none of whose lines is an event (a
+PNG, a metrics.jsonl) is refused. A policy's stop is its last decision: the run would have
+stopped there, so what the log holds after it is counted, and decided on no further.
 """
 
 from __future__ import annotations
@@ -104,6 +106,9 @@ class ReplayResult:
         if len(self.stalls):
             lines += ["", f"stalls (no completion for > {s['stall_s']:g} s):", self.stalls.to_string(index=False)]
         lines += ["", "decisions:", self.decisions.to_string(index=False) if len(self.decisions) else "  none"]
+        if s.get("stopped_at_s") is not None:
+            lines.append(f"the policy stopped the run at {s['stopped_at_s']:.1f} s: the log after it "
+                         f"is counted above, and decided on no further")
         return "\n".join(lines)
 
 
@@ -118,6 +123,10 @@ def replay(log_path: Path, burst_gap: float = 5.0, stall_s: float = 60.0,
     if not log_path.is_file():
         raise FileNotFoundError(f"no client log at {log_path}; pass the .jsonl the rollout client wrote")
     read = read_events(log_path)
+    if not read.events and read.bad_lines:
+        raise ValueError(f"{log_path}: not a client log (none of its {read.bad_lines} lines is an "
+                         f"event, a JSON object with t and event); pass the client.jsonl that a "
+                         f"run with --rollout-mode http wrote")
     dog = Watchdog(burst_gap=burst_gap, stall_s=stall_s, policy=policy, open_limit=open_limit)
     statuses = dog.statuses
     seconds: Counter = Counter()
@@ -136,6 +145,7 @@ def replay(log_path: Path, burst_gap: float = 5.0, stall_s: float = 60.0,
                                "other_fails": [other[i] for i in range(n)],
                                "done": [done[i] for i in range(n)]})
     c = dog.counts
+    decisions, stopped_at = _until_stop(dog.decision_table())
     summary = {
         "log": log_path.name, "constructed": bool(read.meta.get("constructed", False)),
         "meta": read.meta, "events": len(read.events), "lines_503": int(sum(seconds.values())),
@@ -143,9 +153,18 @@ def replay(log_path: Path, burst_gap: float = 5.0, stall_s: float = 60.0,
         "gave_up": c["gave_up"], "steps": c["step_start"], "span_s": round(span, 3),
         "bad_lines": read.bad_lines, "out_of_order": read.out_of_order, "unknown": read.unknown,
         "bad_examples": read.bad_examples, "burst_gap": burst_gap, "stall_s": stall_s,
-        "policy": dataclasses.asdict(policy),
+        "policy": dataclasses.asdict(policy), "stopped_at_s": stopped_at,
     }
-    return ReplayResult(dog.burst_table(), dog.stall_table(), dog.decision_table(), per_second, summary)
+    return ReplayResult(dog.burst_table(), dog.stall_table(), decisions, per_second, summary)
+
+
+def _until_stop(decisions: pd.DataFrame) -> tuple[pd.DataFrame, Optional[float]]:
+    """The decisions up to the policy's first stop (the run ends there), and when it came."""
+    stops = decisions.index[decisions["action"] == "stop"]
+    if not len(stops):
+        return decisions, None
+    first = decisions.index.get_loc(stops[0])
+    return decisions.iloc[:first + 1], float(decisions["t_s"].iat[first])
 
 
 # ---------------------------------------------------------------------- the timeline
