@@ -15,13 +15,16 @@ each set by the config and the model's size:
 
 The figures are measured (BENCHMARKS.md, "The update's memory, alone and side by side"):
 whole-process memory (nvidia-smi) of the update of the recipe's Qwen2.5-0.5B on an H200,
-with torch's caching allocator as a run has it, at two token budgets; they are scaled by the
-model's shape for another one. What the caching allocator keeps reserved counts: at 12,288
-tokens it held 41.8 GiB for 28.8 GiB of tensors, and four such processes did not fit on the
-card. The engine's buffers are an estimate (not yet measured beside the update).
-`plan_runs` refuses, in one line, a set of runs that does not fit in the free memory;
-`fit_max_tokens` picks the largest token budget per micro-batch that lets N runs share the
-card.
+with torch's caching allocator as a run has it, at several token budgets, with and without
+gradient checkpointing; they are scaled by the model's shape for another one. What the
+caching allocator keeps reserved counts: at 12,288 tokens it held 41.8 GiB for 28.8 GiB of
+tensors, and four such processes did not fit on the card; checkpointed, the process held
+13.5 GiB at 12,288 tokens, 14.8 at 24,576 and 20.4 at 49,152. The engine's buffers are an
+estimate (four recipe runs side by side, checkpointed, peaked at 98.7 GiB of the card
+together, 24.7 a run, where this plan counts 29.5).
+`share_gpu` picks what lets N runs share a card (checkpointing, then the token budget),
+`plan_runs` refuses, in one line, a set of runs that does not fit in the free memory, and
+`fit_max_tokens` gives the largest token budget per micro-batch that fits.
 """
 
 from __future__ import annotations
@@ -36,14 +39,21 @@ GIB = 2**30
 # Measured on an H200 (BENCHMARKS.md): one process's CUDA context and workspaces (0.74 GiB);
 # what torch reserves per padded token of a micro-batch, per layer and hidden unit (41.85 GiB
 # at 12,288 tokens, 68.07 at 24,576: 2.13 MiB a token for Qwen2.5-0.5B; bf16 autocast over
-# float32 weights, no gradient checkpointing); and what the update reserves beyond the
-# trainer's state at any budget (the LM head's chunks, the allocator's cached blocks). vLLM's
-# buffers beside its weights and KV cache (CUDA graphs, sampling) are an estimate.
+# float32 weights); and what the update reserves beyond the trainer's state at any budget
+# (the LM head's chunks, the allocator's cached blocks). With gradient checkpointing the
+# whole process held 13.49 GiB at 12,288 tokens, 14.78 at 24,576 and 20.44 at 49,152: the
+# steeper of the two slopes (0.236 MiB a token), through the 12,288 point. vLLM's buffers
+# beside its weights and KV cache (CUDA graphs, sampling) are an estimate.
 CONTEXT_GIB = 0.75
 ENGINE_EXTRA_GIB = 2.0
 ACTIVATION_BYTES_PER_TOKEN_LAYER_UNIT = 106.6
-CHECKPOINTED_BYTES_PER_TOKEN_LAYER_UNIT = 8.0  # with --gradient-checkpointing (an estimate)
 UPDATE_FIXED_GIB = 7.35
+CHECKPOINTED_BYTES_PER_TOKEN_LAYER_UNIT = 11.5
+CHECKPOINTED_UPDATE_FIXED_GIB = 1.63
+# Checkpointed, the update took 2.28 s at 24,576 tokens a micro-batch, 3.50 s at 12,288 and
+# 2.56 s at 49,152 (2.44 s without checkpointing at 12,288): runs that checkpoint to share a GPU get
+# this budget where their config kept the default.
+CHECKPOINTED_TOKENS_PER_DEFAULT = 2
 HEADROOM = 0.95  # share of the free memory a plan may fill (the allocator fragments)
 DEFAULT_KV_CACHE_GIB = 8.0  # a sweep's engines, when the configs give no KV cache size
 
@@ -108,7 +118,9 @@ def run_memory(cfg, shape: ModelShape) -> RunMemory:
     trainer = shape.params * (16 + 2) / GIB
     tokens = cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else \
         cfg.micro_batch_size * (cfg.rollout_max_response_len + 512)
-    update = activation_gib(shape, tokens, bool(cfg.gradient_checkpointing)) + UPDATE_FIXED_GIB
+    checkpointed = bool(cfg.gradient_checkpointing)
+    update = activation_gib(shape, tokens, checkpointed) + \
+        (CHECKPOINTED_UPDATE_FIXED_GIB if checkpointed else UPDATE_FIXED_GIB)
     engine = shape.params * 2 / GIB + kv + ENGINE_EXTRA_GIB
     return RunMemory(CONTEXT_GIB, trainer, update, engine)
 
@@ -122,22 +134,30 @@ def share_gpu(cfg, shape: ModelShape, runs: int, free_gib: float | None, *, defa
     """`cfg` as one of `runs` runs that share a GPU with `free_gib` free.
 
     In order: as it is, if that fits (`--gradient-checkpointing auto` stays off); with
-    checkpointing, where it is auto (on an H200 the recipe's update then held a quarter of
-    the memory at 1.35x its time, so four runs kept their full micro-batches: 1.68x the
-    throughput of one run alone, against 0.99x with micro-batches cut to fit); then with
-    the largest `--max-tokens-per-gpu` that fits, where the config kept the default budget
-    (`default_tokens`). What still does not fit is left for `plan_runs` to refuse. With the
-    free memory unknown, auto checkpointing is on (runs that share a GPU)."""
+    checkpointing, where it is auto, and twice the default token budget where the config
+    kept it (on an H200 four recipe runs that checkpointed at the default budget had 1.91x
+    the throughput of one run alone, against 0.99x with micro-batches cut to fit; the
+    update alone was faster still at twice the budget: CHECKPOINTED_TOKENS_PER_DEFAULT);
+    then with the largest `--max-tokens-per-gpu` that fits, where the config kept the
+    default budget (`default_tokens`). What still does not fit is left for `plan_runs` to
+    refuse. With the free memory unknown, auto checkpointing is on (runs that share a GPU)."""
     auto = cfg.gradient_checkpointing is None
+    keeps_default = cfg.use_dynamic_batch_size and cfg.max_tokens_per_gpu == default_tokens
+    checkpointed = cfg.replace(gradient_checkpointing=True)
+    if auto and keeps_default:
+        checkpointed = checkpointed.replace(max_tokens_per_gpu=default_tokens * CHECKPOINTED_TOKENS_PER_DEFAULT)
     if free_gib is None:
-        return cfg.replace(gradient_checkpointing=True) if auto else cfg
+        return checkpointed if auto else cfg
     plain = cfg.replace(gradient_checkpointing=False) if auto else cfg
     if fits(plain, shape, runs, free_gib):
         return plain
-    best = cfg.replace(gradient_checkpointing=True) if auto else plain
+    best = checkpointed if auto else plain
     if fits(best, shape, runs, free_gib):
         return best
-    if best.use_dynamic_batch_size and best.max_tokens_per_gpu == default_tokens:
+    best = best.replace(max_tokens_per_gpu=cfg.max_tokens_per_gpu)
+    if fits(best, shape, runs, free_gib):
+        return best
+    if keeps_default:
         tokens = fit_max_tokens(best, shape, runs, free_gib)
         if 0 < tokens < default_tokens:
             return best.replace(max_tokens_per_gpu=tokens)
