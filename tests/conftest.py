@@ -52,6 +52,18 @@ def build_tiny_model(folder: Path, *, seed: int = 0, layers: int = 2, hidden: in
     return folder
 
 
+def folder_with_a_labkit(tmp_path: Path, shadow: str) -> Path:
+    """A folder holding something named labkit that is not the package: the folder that holds
+    a checkout (`checkout`: a namespace package to Python) or another package (`package`)."""
+    here = tmp_path / "home"
+    (here / "labkit").mkdir(parents=True)
+    if shadow == "package":
+        (here / "labkit" / "__init__.py").write_text("raise ImportError('not the real labkit')\n")
+    else:
+        (here / "labkit" / "README.md").write_text("a checkout of labkit\n")
+    return here
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))

@@ -26,6 +26,7 @@ from labkit.serving.cluster import Cluster, ServeConfig, engine_command
 REPO = Path(__file__).parents[1]
 
 
+from conftest import folder_with_a_labkit  # noqa: E402
 from fixtures_engines import have_router, needs_router  # noqa: E402
 
 
@@ -172,13 +173,7 @@ def test_engines_start_from_a_folder_that_holds_something_named_labkit(tmp_path,
     """`labkit serve` run from the folder that holds the checkout (`labkit/`, a namespace
     package to Python), or beside any package named labkit: the engines, started with
     `python -m labkit`, must still import the real labkit, not the folder."""
-    here = tmp_path / "home"
-    (here / "labkit").mkdir(parents=True)
-    if shadow == "package":
-        (here / "labkit" / "__init__.py").write_text("raise ImportError('not the real labkit')\n")
-    else:
-        (here / "labkit" / "README.md").write_text("a checkout of labkit\n")
-    monkeypatch.chdir(here)
+    monkeypatch.chdir(folder_with_a_labkit(tmp_path, shadow))
     with Cluster(fake_config(tmp_path, engines=1, router="none")) as cluster:
         url = cluster.engine_urls()[0]
         with urllib.request.urlopen(url + "/health", timeout=60) as answer:

@@ -18,6 +18,8 @@ from labkit import memory, sweep
 from labkit.config import ConfigError
 from labkit.runlog import RunLogError, read_jsonl
 
+from conftest import folder_with_a_labkit
+
 REWARD = '''
 import os, signal, sys, time
 from pathlib import Path
@@ -326,13 +328,7 @@ def test_side_by_side_runs_start_from_a_folder_that_holds_something_named_labkit
     """The sweep runs from the folder that holds the checkout (`labkit/`, a namespace package
     to Python), or beside a package named labkit: each run's process still imports the labkit
     that started it."""
-    here = tmp_path / "home"
-    (here / "labkit").mkdir(parents=True)
-    if shadow == "package":
-        (here / "labkit" / "__init__.py").write_text("raise ImportError('not the real labkit')\n")
-    else:
-        (here / "labkit" / "README.md").write_text("a checkout of labkit\n")
-    monkeypatch.chdir(here)
+    monkeypatch.chdir(folder_with_a_labkit(tmp_path, shadow))
     runs = sweep.launch_many([tiny_cfg.replace(num_rollout=1)], side_by_side=True)
     assert [(r.dir.name, r.status["reason"]) for r in runs] == [("tiny", "completed")]
 
