@@ -11,6 +11,12 @@ asks `should_stop()` after each step:
   are only noted, so the status always lands;
 - with a time limit, the run does not start a step that would end past it.
 
+A signal the process inherited as ignored stays ignored, but SIGTERM: `nohup` ignores SIGHUP
+so that a closed session does not end the run, and a shell starts `cmd &` in a script with
+SIGINT ignored so that a Ctrl-C meant for the foreground does not reach it. A process that
+leads its own session (a sweep's run, started with `start_new_session`) has no terminal to
+send it a Ctrl-C: a SIGINT it gets was sent on purpose (by the sweep), so it is caught there.
+
 The estimate of the next step is the *longest* of the last `window` steps (default 5), not the
 mean: step times jump (heat pauses, eval steps, long answers), overshooting the limit costs the
 step and maybe the checkpoint, while stopping one step early costs one step. `reserve_s` keeps
@@ -76,6 +82,27 @@ def print_notice(message: str) -> None:
             pass
 
 
+def left_ignored() -> set[int]:
+    """The stop signals this process keeps ignoring: SIGHUP and SIGINT where it was started
+    with them ignored (nohup; `cmd &` in a script), except SIGINT in a process that leads its
+    own session (no terminal's Ctrl-C can reach it: a SIGINT there was sent on purpose)."""
+    kept = set()
+    for sig in SIGNALS:
+        if sig == getattr(signal, "SIGTERM", None) or signal.getsignal(sig) is not signal.SIG_IGN:
+            continue
+        if sig == signal.SIGINT and _leads_its_session():
+            continue
+        kept.add(sig)
+    return kept
+
+
+def _leads_its_session() -> bool:
+    try:
+        return os.getsid(0) == os.getpid()
+    except (AttributeError, OSError):  # no sessions here (Windows)
+        return False
+
+
 class StopController:
     """Decides when the step loop stops: signals, programmatic requests and a time limit.
 
@@ -108,6 +135,8 @@ class StopController:
         self.reason: str | None = None
         self._requested = False
         self.signal_count = 0
+        self.interrupts = 0  # second signals raised (SecondSignal), so a failure can be told apart
+        self.interrupt_signum: int | None = None  # the last of them
         self.signal_name: str | None = None  # the first signal's name (SIGTERM, ...)
         self._finishing = False
         self.installed = False
@@ -159,16 +188,23 @@ class StopController:
 
     # --- signals --------------------------------------------------------------------
     def install(self) -> "StopController":
-        """Catch SIGTERM, SIGHUP and SIGINT (main thread only; elsewhere install nothing, say so)."""
+        """Catch SIGTERM, SIGHUP and SIGINT (main thread only; elsewhere install nothing, say so),
+        leaving ignored the ones the process was started with ignored (`left_ignored`)."""
         if self.installed:
             return self
         if threading.current_thread() is not threading.main_thread():
             self._notify("not in the main thread: SIGTERM/SIGHUP/SIGINT are not caught; "
                          "the run stops on its time limit or request_stop()")
             return self
+        kept = left_ignored()
         for sig in SIGNALS:
+            if sig in kept:
+                continue
             self._previous[sig] = signal.getsignal(sig)
             signal.signal(sig, self._handle)
+        if signal.SIGINT in kept:
+            self._notify("SIGINT is ignored here (started in the background), so Ctrl-C does not "
+                         f"stop this run: SIGTERM does (kill {os.getpid()})")
         self.installed = True
         return self
 
@@ -199,6 +235,7 @@ class StopController:
             return
         if self.signal_name is None:
             self.signal_name = name
+        self.interrupts, self.interrupt_signum = self.interrupts + 1, signum
         raise SecondSignal(signum)
 
     def __enter__(self) -> "StopController":

@@ -90,6 +90,20 @@ def no_local_copies_named(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def sigint_stops_as_in_a_terminal():
+    """A test sends SIGINT as Ctrl-C or a notebook's stop button would; a CI runner or a shell's
+    `cmd &` may have started the tests with SIGINT ignored, where it would reach nothing."""
+    import signal
+
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    if ignored:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.fixture(autouse=True)
 def nothing_kept_between_tests():
     """A run keeps its policy (and a vLLM engine) for the next run in the process; tests
     start from nothing kept."""

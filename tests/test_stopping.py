@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from labkit.stopping import StopController
+from waiting import Lines
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -202,7 +203,10 @@ with StopController(None) as stop:
     try:
         for step in range(1000):
             print(f"start {step}", flush=True)
+            end = time.monotonic() + 600  # a test that never lets go: the loop gives up
             while not os.path.exists(os.path.join(folder, f"go {step}")):  # the step's work
+                if time.monotonic() > end:
+                    sys.exit(f"step {step} was never let go")
                 time.sleep(0.01)
             print(f"end {step} requested={stop.stop_requested}", flush=True)
             reason = stop.should_stop()
@@ -215,14 +219,17 @@ with StopController(None) as stop:
 """
 
 
-def start_loop(tmp_path: Path) -> subprocess.Popen:
+def start_loop(tmp_path: Path, **popen) -> subprocess.Popen:
+    """The loop in a child; its stdout and stderr lines are read as they come (`out`, `err`)."""
     script = tmp_path / "loop.py"
     script.write_text(textwrap.dedent(LOOP))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, str(script), str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **popen,
     )
+    proc.out, proc.err = Lines(proc), Lines(proc, proc.stderr)
+    return proc
 
 
 def let_go(tmp_path: Path, step: int) -> None:
@@ -230,13 +237,13 @@ def let_go(tmp_path: Path, step: int) -> None:
 
 
 def read_until(proc: subprocess.Popen, prefix: str) -> list[str]:
-    lines = []
-    while True:
-        line = proc.stdout.readline()
-        assert line, f"the loop ended before printing {prefix!r}: {lines} {proc.stderr.read()}"
-        lines.append(line.strip())
-        if line.startswith(prefix):
-            return lines
+    """The loop's lines up to the first that starts with `prefix` (with a deadline)."""
+    return [line.strip() for line in proc.out.until(prefix)]
+
+
+def ended(proc: subprocess.Popen) -> tuple[str, str]:
+    """(stdout, stderr) the loop wrote until it exited (with a deadline)."""
+    return proc.out.rest(), proc.err.rest()
 
 
 def test_sigterm_mid_step_finishes_the_step_then_exits(tmp_path):
@@ -247,7 +254,7 @@ def test_sigterm_mid_step_finishes_the_step_then_exits(tmp_path):
         lines += read_until(proc, "start 1")
         proc.send_signal(signal.SIGTERM)          # while step 1 works
         let_go(tmp_path, 1)
-        out, err = proc.communicate(timeout=600)
+        out, err = ended(proc)
     finally:
         proc.kill()
     lines += out.strip().splitlines()
@@ -262,9 +269,9 @@ def test_second_sigterm_interrupts_the_step_at_once(tmp_path):
     try:
         read_until(proc, "start 0")
         proc.send_signal(signal.SIGTERM)
-        assert "stopping after the step in progress" in proc.stderr.readline()
+        assert "stopping after the step in progress" in proc.err.until("labkit:")[-1]
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=600)
+        out, err = ended(proc)
     finally:
         proc.kill()
     assert proc.returncode == 130, err
@@ -277,7 +284,7 @@ def test_sighup_from_a_closed_session_stops_like_sigterm(tmp_path):
         read_until(proc, "start 0")
         proc.send_signal(signal.SIGHUP)
         let_go(tmp_path, 0)
-        out, err = proc.communicate(timeout=600)
+        out, err = ended(proc)
     finally:
         proc.kill()
     assert proc.returncode == 0, err
@@ -291,3 +298,46 @@ def test_after_finishing_a_second_signal_is_only_noted():
         stop.finishing()  # the run is writing its status: nothing may cut that short
         os.kill(os.getpid(), signal.SIGTERM)
     assert stop.signal_count == 2 and "already stopping" in notes[-1]
+
+
+def _ignoring(*signals):
+    """preexec_fn of a child started as a shell starts `cmd &` in a script (SIGINT ignored)
+    or as nohup does (SIGHUP ignored)."""
+    return lambda: [signal.signal(s, signal.SIG_IGN) for s in signals]
+
+
+def test_a_run_started_in_the_background_keeps_sigint_and_nohups_sighup_ignored(tmp_path):
+    proc = start_loop(tmp_path, preexec_fn=_ignoring(signal.SIGINT, signal.SIGHUP))
+    try:
+        lines = read_until(proc, "start 0")
+        proc.send_signal(signal.SIGINT)   # a Ctrl-C meant for the script's foreground
+        proc.send_signal(signal.SIGHUP)   # the closed session nohup was for
+        let_go(tmp_path, 0)
+        lines += read_until(proc, "start 1")
+        proc.send_signal(signal.SIGTERM)  # `kill PID` still stops it after the step
+        let_go(tmp_path, 1)
+        out, err = ended(proc)
+    finally:
+        proc.kill()
+    lines += out.strip().splitlines()
+    assert proc.returncode == 0, err
+    assert lines == ["start 0", "end 0 requested=False", "start 1",
+                     "end 1 requested=True", "stopped: signal: SIGTERM"]
+    assert "SIGINT is ignored here (started in the background)" in err
+    assert f"SIGTERM does (kill {proc.pid})" in err
+
+
+def test_a_run_in_a_session_of_its_own_takes_sigint_though_it_came_ignored(tmp_path):
+    """A sweep starts each run in a session of its own, where no terminal's Ctrl-C reaches
+    it: a SIGINT there is the sweep's stop, also when the sweep was started with it ignored."""
+    proc = start_loop(tmp_path, preexec_fn=_ignoring(signal.SIGINT), start_new_session=True)
+    try:
+        read_until(proc, "start 0")
+        proc.send_signal(signal.SIGINT)
+        let_go(tmp_path, 0)
+        out, err = ended(proc)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert out.strip().splitlines() == ["end 0 requested=True", "stopped: signal: SIGINT"]
+    assert "ignored" not in err

@@ -57,10 +57,22 @@ def waits_at_step_1(response, label):
     step = _step(8)
     if step == 1 and calls % 8 == 1:  # the first answer of step 1: say so, wait for the go
         (HERE / f"reached-{os.getpid()}").write_text("")
-        while not (HERE / "go").exists():
+        end = time.monotonic() + 600  # a test that never says go: the run goes on
+        while not (HERE / "go").exists() and time.monotonic() < end:
             time.sleep(0.05)
     return float(len(response) % 2)
 '''
+
+DEADLINE_S = 600.0  # a bound for a broken test, not the expected time
+
+
+def _wait_until(condition, what: str) -> None:
+    """Wait for `condition()` (polled); AssertionError at the deadline."""
+    end = time.monotonic() + DEADLINE_S
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError(f"{what}: not within {DEADLINE_S:.0f} s")
+        time.sleep(0.05)
 
 
 @pytest.fixture()
@@ -129,12 +141,17 @@ def test_side_by_side_runs_fail_alone_and_stop_together(tiny_cfg, rewards, capsy
     bad = base.replace(run_name="bad", custom_rm_path=f"{rewards}:killed_at_step_1")
     folder = rewards.parent
 
+    failed = []
+
     def stop_when_both_wait():  # ... and the bad run has reached its step 1, however slowly
-        while len(list(folder.glob("reached-*"))) < 2 or not list(folder.glob("killed-*")):
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C on the sweep
-        while not any("stopping every run" in line for line in _said):
-            time.sleep(0.05)
+        try:
+            _wait_until(lambda: len(list(folder.glob("reached-*"))) >= 2
+                        and list(folder.glob("killed-*")), "the runs in step 1, the bad one killed")
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C on the sweep
+            _wait_until(lambda: any("stopping every run" in line for line in _said),
+                        "the sweep saying it stops every run")
+        except AssertionError as e:  # the runs are let go all the same: the test fails, not hangs
+            failed.append(str(e))
         (folder / "go").write_text("")
 
     _said.clear()
@@ -142,6 +159,7 @@ def test_side_by_side_runs_fail_alone_and_stop_together(tiny_cfg, rewards, capsy
     watcher.start()
     runs = sweep.launch_many([*cfgs, bad], side_by_side=True)
     watcher.join(timeout=60)
+    assert not failed, failed
     by = {r.dir.name: r for r in runs}
     assert by["r1"].status["reason"] == by["r2"].status["reason"] == "signal"
     assert _steps(by["r1"]) == _steps(by["r2"]) == [0, 1]
