@@ -18,17 +18,16 @@ every K steps and after the last step, and removes nothing; `-1` never saves (no
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 
-from labkit.runlog import CHECKPOINT, RunLogError, write_json_atomic
+from labkit.runfiles import WriteFailed, disk_full, read_json, write_json_atomic
+from labkit.runlog import CHECKPOINT, RunLogError
 
 LATEST = "latest.json"
 AUTO_SAVE_S = 600.0  # default policy: a rolling checkpoint once this long has passed since the last
@@ -67,10 +66,8 @@ class SavePolicy:
         self.last_saved, self._since = step, self.clock()
 
 
-class CheckpointWriteFailed(RunLogError):
+class CheckpointWriteFailed(WriteFailed):
     """A checkpoint could not be written (the disk is full, the folder is read-only, ...)."""
-
-    exit_code = 1
 
 
 def save_checkpoint(run_dir: Path, step: int, model, optimizer, *, keep: int = 1,
@@ -104,7 +101,10 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, *, keep: int = 1
         if isinstance(e, Exception):
             raise CheckpointWriteFailed(_write_failure(folder, step, e, _bytes(state))) from e
         raise
-    write_json_atomic(folder / LATEST, {"step": step, "file": path.name, "why": why})
+    try:
+        write_json_atomic(folder / LATEST, {"step": step, "file": path.name, "why": why})
+    except OSError as e:  # the step file stands: latest_checkpoint finds it without the pointer
+        raise CheckpointWriteFailed(_write_failure(folder, step, e)) from e
     for old in _step_files(folder)[:-keep]:
         if old != path:
             old.unlink(missing_ok=True)
@@ -125,15 +125,8 @@ def _bytes(state) -> int:
 def _write_failure(folder: Path, step: int, e: Exception, need: int = 0) -> str:
     """A failed checkpoint write in words. torch says a full disk in its own words
     ("file write failed", "unexpected pos"), so a disk with less room than the checkpoint
-    needs counts as full too."""
-    try:
-        free_bytes = shutil.disk_usage(folder).free
-        free = f"{free_bytes / 2**20:,.0f} MB free"
-    except OSError:
-        free_bytes, free = None, "free space unknown"
-    full = (isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
-            or "file write failed" in str(e) or "No space left" in str(e)
-            or (free_bytes is not None and free_bytes < need))
+    needs counts as full too (labkit.runlog.disk_full)."""
+    full, free = disk_full(e, folder, need)
     if full:
         return (f"could not write the checkpoint of step {step} to {folder}: the disk is full "
                 f"({free}, the checkpoint needs {need / 2**20:,.0f} MB); free some space, or "
@@ -152,9 +145,13 @@ def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     """(step, file) of the newest complete checkpoint, or None when there is none.
 
     latest.json names it; when that pointer is gone or names a missing file, the newest
-    step-N.pt stands in (a step file only appears once it is completely written).
+    step-N.pt stands in (a step file only appears once it is completely written). A
+    checkpoint folder that is not one, or a pointer that cannot be read, is a RunLogError.
     """
     folder = Path(run_dir) / CHECKPOINT
+    if folder.exists() and not folder.is_dir():
+        raise RunLogError(f"{folder} is not a folder, so it holds no checkpoint; move it away "
+                          f"(a resume keeps its checkpoints there)")
     pointer = folder / LATEST
     files = _step_files(folder) if folder.is_dir() else []
     if not pointer.exists():
@@ -163,18 +160,19 @@ def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
                   f"checkpoint", flush=True)
             return int(files[-1].stem.split("-", 1)[1]), files[-1]
         return None
-    try:
-        info = json.loads(pointer.read_text())
-        path = folder / info["file"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise RunLogError(f"{pointer} is unreadable ({e}); the checkpoint cannot be trusted") from e
+    info = read_json(pointer, "a checkpoint's pointer")
+    name, step = info.get("file"), info.get("step")
+    if not isinstance(name, str) or not isinstance(step, int) or Path(name).name != name:
+        raise RunLogError(f"{pointer} is damaged (no step number and file name of the "
+                          f"checkpoint in it); remove it, and the newest step-N.pt is used")
+    path = folder / name
     if not path.exists():
         if files:
             print(f"labkit: {pointer} names {path.name}, which is missing; using "
                   f"{files[-1].name}", flush=True)
             return int(files[-1].stem.split("-", 1)[1]), files[-1]
         raise RunLogError(f"{pointer} names {path.name}, which is missing")
-    return int(info["step"]), path
+    return step, path
 
 
 def remove_auto_checkpoints(run_dir: Path) -> int:
@@ -219,12 +217,23 @@ def sweep_temp_files(run_dir: Path) -> tuple[int, int]:
 
 
 def load_checkpoint(path: Path, model, optimizer) -> int:
-    """Load a checkpoint into `model` and `optimizer`; return its step."""
+    """Load a checkpoint into `model` and `optimizer`; return its step. A file that is not a
+    checkpoint of this run's model is a RunLogError naming it."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # a truncated or foreign file
-        raise RunLogError(f"{path}: not a readable checkpoint ({e.__class__.__name__}: {e})") from e
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["torch_rng"])
+        raise RunLogError(f"{path}: not a readable checkpoint ({e.__class__.__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''})") from e
+    missing = [k for k in ("step", "model", "optimizer", "torch_rng")
+               if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise RunLogError(f"{path}: not a labkit checkpoint (it holds no {missing[0]!r}); "
+                          f"move it away and resume from the one before, or start a new run")
+    try:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+        raise RunLogError(f"{path}: not a checkpoint of this run's model "
+                          f"({e.__class__.__name__}: {str(e).splitlines()[0]})") from e
     return int(state["step"])

@@ -9,6 +9,12 @@ limit, a signal, an error), `status.json` is written, then the final checkpoint 
 checkpoint that fills the disk must not cost the status), with the signal handlers still
 up so a second signal cannot cut the status short. A step whose weight sync to the engines
 failed after its update stands: it is logged and checkpointed, not blamed on the optimizer.
+
+A full disk (a step's line, a checkpoint) ends the run in one line (labkit.runlog.WriteFailed),
+with the status written on the room the run kept aside for it, and no checkpoint tried on
+the full disk. A user's second signal that cuts a checkpoint short is said as such, not as
+a failed write. A held-out evaluation that a stop cut short is owed: --resume does it first
+(after the last step too, then the run completes).
 """
 
 from __future__ import annotations
@@ -29,8 +35,10 @@ from labkit.checkpoint import (
 from labkit.config import RunConfig
 from labkit.engines import keep
 from labkit.errors import LabkitError, one_line
+from labkit.evaluation import evaluation_due
 from labkit.metrics import STEP
-from labkit.runlog import RunLog, RunLogError
+from labkit.runfiles import WriteFailed
+from labkit.runlog import METRICS, RunLog, RunLogError
 from labkit.session import Session, setup
 from labkit.stopping import SecondSignal, StopController
 
@@ -41,8 +49,20 @@ def start_run(cfg: RunConfig, log: RunLog, resume, first_step: int, **kw) -> Ses
     sweep_leftovers(log.dir)
     found = check_resumable(log, cfg, first_step) if resume is not None else None
     s = setup(cfg, log, **kw)
+    log.keep_space()  # room for the status, should the disk fill
     s.first_step = restore(s, found) if resume is not None else 0
     return s
+
+
+def evaluation_owed(log: RunLog, cfg: RunConfig, trained_steps: int) -> bool:
+    """Whether the run owes a held-out evaluation after `trained_steps` steps: one is due
+    there (labkit.evaluation.evaluation_due), the run evaluates at all, and eval.jsonl has
+    none for it (a fresh run, or a stop cut it short)."""
+    if not evaluation_due(cfg, trained_steps) or cfg.eval_split_size == 0:
+        return False
+    if log.config().get("eval_split_size") == 0:  # auto, and it came to none
+        return False
+    return trained_steps not in log.evaluated()
 
 
 def check_resumable(log: RunLog, cfg: RunConfig, logged_next: int):
@@ -51,7 +71,8 @@ def check_resumable(log: RunLog, cfg: RunConfig, logged_next: int):
     and a completed run with no steps left to run."""
     found = latest_checkpoint(log.dir)
     status = log.status() or {}
-    if found is not None and found[0] + 1 >= cfg.num_rollout:
+    if (found is not None and found[0] + 1 >= cfg.num_rollout
+            and not evaluation_owed(log, cfg, found[0] + 1)):
         raise RunLogError(
             f"--resume {log.dir}: nothing to run, the checkpoint is after step {found[0]} and "
             f"--num-rollout is {cfg.num_rollout}; pass a larger --num-rollout to train further")
@@ -91,8 +112,24 @@ def restore(s: Session, found) -> int:
     redo = s.log.set_aside_steps_after(step)
     again = (f"; steps {step + 1}-{step + redo} run again (their old lines: *.after-checkpoint)"
              if redo else "")
+    if step + 1 >= s.cfg.num_rollout:
+        again += ", its last, for the held-out evaluation a stop cut short"
     print(f"labkit: resuming {s.log.dir} after step {step}{again}", flush=True)
+    say_gaps(s.log, step)
     return step + 1
+
+
+def say_gaps(log: RunLog, step: int) -> None:
+    """Say the steps up to `step` (the checkpoint's) that have no line in metrics.jsonl (a
+    damaged line moved aside): the checkpoint is past them, so they cannot run again, and
+    the log keeps the gap, which the analysis sees."""
+    logged = {int(r[STEP]) for r in log.steps() if isinstance(r.get(STEP), int)}
+    missing = sorted(set(range(step + 1)) - logged)
+    if missing:
+        steps = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
+        print(f"labkit: {log.dir / METRICS} has no line for step(s) {steps}, and the checkpoint "
+              f"is after step {step}, so they cannot run again: the log keeps that gap",
+              flush=True)
 
 
 def sweep_leftovers(run_dir: Path) -> None:
@@ -108,9 +145,21 @@ def save_between_steps(s: Session, saves: SavePolicy, step: int) -> float:
     if why is None:
         return 0.0
     t = time.time()
-    save_checkpoint(s.log.dir, step, s.policy, s.optimizer, why=why)
+    save(s, step, why)
     saves.saved(step)
     return time.time() - t
+
+
+def save(s: Session, step: int, why: str) -> None:
+    """save_checkpoint, where a write that a second signal broke (torch turns the interrupt
+    raised inside its writer into "unexpected pos ...") is that signal, not a failed write."""
+    before = s.stopper.interrupts if s.stopper is not None else 0
+    try:
+        save_checkpoint(s.log.dir, step, s.policy, s.optimizer, why=why)
+    except CheckpointWriteFailed as e:
+        if s.stopper is not None and s.stopper.interrupts > before:
+            raise SecondSignal(s.stopper.interrupt_signum) from e
+        raise
 
 
 def failure_status(e: BaseException, stopper: StopController) -> tuple[str, str]:
@@ -136,7 +185,7 @@ def log_unsynced_step(s: Session, e: BaseException, last: int, message: str) -> 
     message = f"the weight sync to the engines after step {step} failed: {message}"
     try:
         s.log.append_step({**trained, **s.startup})
-    except OSError:  # the policy stays ahead of the log, and is not saved
+    except WriteFailed:  # the policy stays ahead of the log, and is not saved
         return last, message
     s.phase = "logged"
     return step, f"{message}; step {step} trained and is logged"
@@ -155,14 +204,16 @@ def finish_run(s: Session, reason: str, last: int, message: str, bar, saves: Sav
     try:
         if bar is not None:
             bar.close(reason)  # a clean stop is not drawn as a failure
-        s.log.append_heat(p.to_dict() for p in s.guard.take_new_pauses())
+        try:
+            s.log.append_heat(p.to_dict() for p in s.guard.take_new_pauses())
+        except WriteFailed as e:  # a full disk: the status matters more than the pauses
+            print(f"labkit: {e}", flush=True)
         extra = {}
         if reason == "signal" and s.stopper is not None:
             extra["signal"] = s.stopper.signal_name
         if error is not None and reason == "error":
             extra["traceback"] = "".join(traceback.format_exception(type(error), error,
                                                                     error.__traceback__))
-            error.labkit_run_dir = s.log.dir  # the command line names the status file
         try:
             written = _write_status(s, reason, last, message, extra, say=False)
             note = final_checkpoint(s, reason, last, saves, error)
@@ -172,7 +223,9 @@ def finish_run(s: Session, reason: str, last: int, message: str, bar, saves: Sav
         if s.stopper is not None:
             s.stopper.finishing()  # from here a signal is noted, never raised
         if note or not written:
-            _write_status(s, reason, last, message + note, extra, say=True)
+            written = _write_status(s, reason, last, message + note, extra, say=True)
+        if error is not None and reason == "error" and written:
+            error.labkit_run_dir = s.log.dir  # the command line names the status file
         if s.owns_engine:
             s.engine.close()
         elif error is not None and keep.is_kept(s.engine):
@@ -191,10 +244,9 @@ def _write_status(s: Session, reason: str, last: int, message: str, extra: dict,
     try:
         s.log.write_status(reason, last, message, **extra)
         return True
-    except OSError as e:
+    except WriteFailed as e:
         if say:
-            print(f"labkit: could not write {s.log.dir / 'status.json'} ({e.strerror or e})",
-                  flush=True)
+            print(f"labkit: {e}; the run's status is only in this output", flush=True)
         return False
 
 
@@ -202,17 +254,18 @@ def final_checkpoint(s: Session, reason: str, last: int, saves: SavePolicy,
                      error: BaseException | None = None) -> str:
     """Write the checkpoint a stop needs (labkit.checkpoint.SavePolicy), or remove the default
     policy's when the run completed. Returns a note for the status ('' when all went well).
-    A run that a failed checkpoint ended does not try again: the disk that was full still is."""
+    A run that a failed write ended (a checkpoint, a log line) does not try: the disk that was
+    full still is."""
     if s.phase in ("train", "sync"):  # the policy is ahead of the log
         during = "the optimizer step" if s.phase == "train" else "the step that was not logged"
         return (f"; the failure came during {during}, so the policy was not saved: "
                 + resume_note(s.log.dir))
-    if isinstance(error, CheckpointWriteFailed):
+    if isinstance(error, WriteFailed):  # the disk that was full still is: not tried again
         return f"; {resume_note(s.log.dir)}"
     why = saves.at_end(last, completed=reason == "completed")
     try:
         if why is not None:
-            save_checkpoint(s.log.dir, last, s.policy, s.optimizer, why=why)
+            save(s, last, why)
             saves.saved(last)
         elif reason == "completed" and s.cfg.save_interval == 0:
             remove_auto_checkpoints(s.log.dir)
@@ -224,10 +277,13 @@ def final_checkpoint(s: Session, reason: str, last: int, saves: SavePolicy,
 
 
 def resume_note(run_dir: Path) -> str:
+    """What --resume of `run_dir` will do, in words, for a status message."""
     try:
         found = latest_checkpoint(run_dir)
     except RunLogError:
         found = None
     if found is None:
+        if not RunLog(run_dir).steps():
+            return "no step was logged, so --resume starts it again from step 0"
         return "there is no checkpoint, so --resume is refused"
     return f"--resume continues after step {found[0]}, the last checkpoint"

@@ -15,6 +15,13 @@ Layout of a run folder::
     checkpoint/      policy, optimizer and RNG state after a finished step (see labkit.checkpoint)
     lock             the pid of the trainer writing the folder, while it runs (one at a time)
 
+A resume reads what an earlier launch wrote, and a file there may be damaged: a line cut
+short by a kill (the last line, without its newline) is moved to `<file>.truncated` and said;
+anything else that cannot be read (a config that is not JSON, a step line in the middle that
+is not one) is refused in one line naming the file, and nothing is changed. A write that
+fails (a full disk) is `WriteFailed`, in words, with no half line left behind; a trainer keeps
+64 KiB of the disk in `.space-kept.tmp` while it holds the folder, given up for the status.
+
 `labkit.launch(cfg)` returns a `Run`; so does `Run("runs/<name>")` for a finished run. The
 same folder can be continued with `--resume`, which only accepts a config that matches the
 one the folder was started with (a few bookkeeping fields may change: RESUMABLE). One
@@ -25,19 +32,23 @@ when the process dies, so the lock of a killed run is taken over); a second one 
 from __future__ import annotations
 
 import errno
-import json
 import os
+import re
 import shutil
 import tempfile
 import time
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 from labkit import __version__
 from labkit.config import RunConfig
 from labkit.errors import RunLogError
 from labkit.metrics import STEP
+from labkit.runfiles import (WriteFailed, append_lines, is_step_line, json_row, read_bytes,  # noqa: F401
+                             read_json, read_jsonl, write_all, write_bytes_atomic, write_failed,
+                             write_json_atomic, write_text_atomic)
+from labkit.runfiles import user_umask as _umask
 from labkit.runlock import RunLock
 
 CONFIG = "config.json"
@@ -48,48 +59,11 @@ EVAL = "eval.jsonl"
 STATUS = "status.json"
 CHECKPOINT = "checkpoint"
 LOCK = "lock"
+RESERVE = ".space-kept.tmp"  # disk space kept for the status while the run runs (keep_space)
+RESERVE_BYTES = 64 * 1024
 SET_ASIDE = ".after-checkpoint"  # suffix of the lines a resumed run redoes, kept for the record
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write `obj` as JSON to `path` through a temp file and a rename (never half written)."""
-    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=_jsonable) + "\n")
-
-
-def _jsonable(x: Any) -> Any:
-    if hasattr(x, "item"):
-        return x.item()
-    if isinstance(x, Path):
-        return str(x)
-    if isinstance(x, (set, tuple)):
-        return list(x)
-    raise TypeError(f"not JSON serializable: {type(x).__name__}")
-
-
-def read_jsonl(path: Path, *, strict_tail: bool = False) -> tuple[list[dict], int]:
-    """Read a JSONL file; return (rows, bad_lines).
-
-    A truncated last line (a run killed mid-write) is counted as bad, not raised, unless
-    `strict_tail` is set; a bad line in the middle is always counted.
-    """
-    path = Path(path)
-    if not path.exists():
-        return [], 0
-    rows, bad = [], 0
-    lines = path.read_text().splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if strict_tail and i == len(lines) - 1:
-                raise RunLogError(
-                    f"{path}: the last line is truncated (the run died while writing it); "
-                    f"repair with labkit.runlog.RunLog.open(..., repair=True)"
-                )
-            bad += 1
-    return rows, bad
+TRUNCATED = ".truncated"  # suffix of the lines a kill cut short, kept for the record
+APPENDED = (METRICS, SAMPLES, HEAT, EVAL, "client.jsonl")  # the files a run appends lines to
 
 
 class RunLog:
@@ -158,8 +132,10 @@ class RunLog:
     def open(cls, run_dir: Path, *, repair: bool = False) -> "RunLog":
         """Open an existing run folder to append to it (resume), holding its lock.
 
-        A truncated last line in metrics.jsonl is an error unless `repair` is set, in which
-        case that line is moved to `metrics.jsonl.truncated` (kept, not lost) and dropped.
+        A line cut short at the end of an appended file (a kill mid-write) is an error
+        unless `repair` is set: then it is moved to `<file>.truncated` (kept, not lost) and
+        said, and a status.json that is not JSON is moved to `status.json.damaged`. A step
+        line of metrics.jsonl that cannot be read is refused either way (RunLogError).
         """
         run_dir = Path(run_dir)
         if not (run_dir / CONFIG).exists():
@@ -167,8 +143,10 @@ class RunLog:
         log = cls(run_dir)
         log.lock()
         try:
-            log._repair_tail(repair)
-            old = log.status()
+            for name in APPENDED:
+                log._repair_tail(name, repair)
+            log._check_steps()
+            old = log._earlier_status(repair)
             if old:
                 log.earlier = [*old.pop("earlier", []), old]
         except BaseException:
@@ -176,28 +154,58 @@ class RunLog:
             raise
         return log
 
-    def _repair_tail(self, repair: bool) -> None:
-        path = self.dir / METRICS
-        if not path.exists():
+    def _repair_tail(self, name: str, repair: bool) -> None:
+        """Move a last line without its newline (or, in metrics.jsonl, one that is not a
+        step's JSON line) to `<name>.truncated`, saying so; refuse it when not `repair`."""
+        path = self.dir / name
+        if not path.is_file():
             return
-        lines = path.read_text().splitlines(keepends=True)
-        if not lines:
+        data = read_bytes(path)
+        if not data.strip():
             return
-        last = lines[-1]
-        try:
-            json.loads(last)
-            ok = last.endswith("\n")
-        except json.JSONDecodeError:
-            ok = False
-        if ok:
+        body, _, last = data.rstrip(b"\n").rpartition(b"\n")
+        if data.endswith(b"\n") and (name != METRICS or is_step_line(last)):  # complete
             return
         if not repair:
             raise RunLogError(f"{path}: the last line is truncated (the run died while writing it)")
-        print(f"labkit: {path} ended in a truncated line (the run died while "
-              f"writing it); moved it to {METRICS}.truncated", flush=True)
-        with open(self.dir / (METRICS + ".truncated"), "a") as f:
-            f.write(last.rstrip("\n") + "\n")
-        write_text_atomic(path, "".join(lines[:-1]))
+        print(f"labkit: {path} ended in a line cut short (the run died while writing it); "
+              f"moved it to {name}{TRUNCATED}{_what_was_cut(name, last)}", flush=True)
+        try:
+            with open(self.dir / (name + TRUNCATED), "ab") as f:
+                f.write(last + b"\n")
+            write_bytes_atomic(path, body + b"\n" if body else b"")
+        except OSError as e:
+            raise write_failed(path, e) from e
+
+    def _check_steps(self) -> None:
+        """Refuse a metrics.jsonl with a line that is not a step's JSON line (one that a kill
+        cut short at the end was moved aside already): the log is damaged, not cut."""
+        path = self.dir / METRICS
+        if not path.is_file():
+            return
+        for i, line in enumerate(read_bytes(path).split(b"\n"), 1):
+            if not line.strip():
+                continue
+            if not is_step_line(line):
+                what = ("not a JSON object" if json_row(line) is None
+                        else f"no whole number under {STEP!r}")
+                raise RunLogError(
+                    f"{path}: line {i} is not a step's line ({what}): the log is damaged; "
+                    f"remove or repair that line, then resume")
+
+    def _earlier_status(self, repair: bool) -> dict | None:
+        """The status of the launch before this one; one that cannot be read is moved to
+        status.json.damaged when `repair` (its history is lost, the run is not)."""
+        try:
+            return self.status()
+        except RunLogError:
+            if not repair:
+                raise
+            path = self.dir / STATUS
+            os.replace(path, self.dir / (STATUS + ".damaged"))
+            print(f"labkit: {path} is damaged (not a run's status as JSON); moved it to "
+                  f"{STATUS}.damaged, and the new status starts afresh", flush=True)
+            return None
 
     # --- one writer at a time ---------------------------------------------------------
     def lock(self) -> None:
@@ -205,8 +213,9 @@ class RunLog:
         self._lock = RunLock.acquire(self.dir / LOCK)
 
     def release(self) -> None:
-        """Give the folder's lock back."""
+        """Give the folder's lock back, and the disk space kept for the status."""
         if self._lock is not None:
+            self.give_up_space()
             self._lock.release()
             self._lock = None
 
@@ -236,7 +245,8 @@ class RunLog:
 
     # --- reading -------------------------------------------------------------------
     def config(self) -> dict:
-        return json.loads((self.dir / CONFIG).read_text())
+        """The folder's config.json as written (RunLogError naming it when damaged)."""
+        return read_json(self.dir / CONFIG, "a run's config")
 
     def steps(self) -> list[dict]:
         rows, _ = read_jsonl(self.dir / METRICS)
@@ -248,28 +258,45 @@ class RunLog:
         return int(steps[-1][STEP]) if steps else -1
 
     def status(self) -> dict | None:
+        """status.json, or None while the run runs (or when it died without one)."""
         p = self.dir / STATUS
-        return json.loads(p.read_text()) if p.exists() else None
+        return read_json(p, "a run's status") if p.exists() else None
 
     def set_aside_steps_after(self, step: int) -> int:
         """Move the lines of steps after `step` (logged past the last checkpoint) aside, from
-        metrics, samples and heat; return how many steps.
+        metrics, samples, heat and eval (an evaluation after step + 1 steps); return how many
+        steps.
 
         They go to `<file>.after-checkpoint`, kept for the record, since the resumed run
-        redoes those steps from the checkpoint: each step is logged once.
+        redoes those steps from the checkpoint: each step is logged once. A line that cannot
+        be read stays where it is.
         """
         moved = 0
-        for name, key in ((METRICS, STEP), (SAMPLES, STEP), (HEAT, "step")):
-            rows, _ = read_jsonl(self.dir / name)
-            keep = [r for r in rows if not _after(r, key, step)]
-            extra = [r for r in rows if _after(r, key, step)]
-            if extra:
-                self._append(name + SET_ASIDE, extra)
-                write_text_atomic(self.dir / name, "".join(
-                    json.dumps(r, default=_jsonable, sort_keys=True) + "\n" for r in keep))
+        for name, key, last in ((METRICS, STEP, step), (SAMPLES, STEP, step), (HEAT, "step", step),
+                                (EVAL, "eval/trained_steps", step + 1)):
+            path = self.dir / name
+            if not path.is_file():
+                continue
+            lines = [x for x in read_bytes(path).split(b"\n") if x.strip()]
+            after = [_after(json_row(x), key, last) for x in lines]
+            if any(after):
+                keep = b"".join(x + b"\n" for x, a in zip(lines, after) if not a)
+                extra = b"".join(x + b"\n" for x, a in zip(lines, after) if a)
+                try:
+                    with open(self.dir / (name + SET_ASIDE), "ab") as f:
+                        f.write(extra)
+                    write_bytes_atomic(path, keep)
+                except OSError as e:
+                    raise write_failed(path, e) from e
             if name == METRICS:
-                moved = len(extra)
+                moved = sum(after)
         return moved
+
+    def evaluated(self) -> set[int]:
+        """The steps after which an evaluation is in eval.jsonl (eval/trained_steps)."""
+        rows, _ = read_jsonl(self.dir / EVAL)
+        return {int(r["eval/trained_steps"]) for r in rows
+                if isinstance(r.get("eval/trained_steps"), (int, float))}
 
     # --- writing -------------------------------------------------------------------
     def append_step(self, metrics: dict) -> None:
@@ -290,61 +317,66 @@ class RunLog:
     def add_to_config(self, **values) -> None:
         """Record facts the run learned at start (e.g. whether the heat guard is on) in
         config.json, beside the config; they are not RunConfig fields, so --resume ignores them."""
-        write_json_atomic(self.dir / CONFIG, {**self.config(), **values})
+        try:
+            write_json_atomic(self.dir / CONFIG, {**self.config(), **values})
+        except OSError as e:
+            raise write_failed(self.dir / CONFIG, e) from e
 
     def write_status(self, reason: str, last_step: int, message: str = "", **extra) -> None:
-        """Say why the run stopped; a resumed run keeps its earlier statuses under `earlier`."""
+        """Say why the run stopped; a resumed run keeps its earlier statuses under `earlier`.
+        On a full disk the space kept aside (`keep_space`) is given up for it."""
         status = {"reason": reason, "last_step": last_step, "message": message, **extra}
         if self.earlier:
             status["earlier"] = self.earlier
-        write_json_atomic(self.dir / STATUS, status)
+        try:
+            write_json_atomic(self.dir / STATUS, status)
+        except OSError as e:
+            if not self.give_up_space():
+                raise write_failed(self.dir / STATUS, e) from e
+            try:
+                write_json_atomic(self.dir / STATUS, status)
+            except OSError as again:
+                raise write_failed(self.dir / STATUS, again) from again
+
+    def keep_space(self, size: int = RESERVE_BYTES) -> None:
+        """Keep `size` bytes of the disk aside (a hidden file, swept at the next start), so
+        that on a full disk the status still fits (write_status gives them up for it)."""
+        path = self.dir / RESERVE
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        except OSError:
+            return
+        try:
+            try:
+                os.posix_fallocate(fd, 0, size)  # blocks taken, nothing written
+            except (AttributeError, OSError):  # a file system without it: zeros, written
+                write_all(fd, b"\0" * size)
+            os.fsync(fd)
+        except OSError:  # a disk already that full: nothing to keep, the run goes on
+            path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+
+    def give_up_space(self) -> bool:
+        """Remove the space keep_space kept; True when there was some."""
+        try:
+            (self.dir / RESERVE).unlink()
+            return True
+        except OSError:
+            return False
 
     def _append(self, name: str, rows: list[dict]) -> None:
-        if not rows:
-            return
-        data = "".join(json.dumps(r, default=_jsonable, sort_keys=True) + "\n" for r in rows)
-        with open(self.dir / name, "a") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        append_lines(self.dir / name, rows)  # no half line, whatever happens (WriteFailed)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace a text file's contents through a temp file and a rename (never half written).
-    The file keeps its mode, or gets the user's umask when new (mkstemp alone gives 0600)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        try:
-            mode = path.stat().st_mode & 0o7777
-        except OSError:
-            mode = 0o666 & ~_umask()
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def _what_was_cut(name: str, line: bytes) -> str:
+    """'' or, for a step's line, '(step N)' read from what is left of it."""
+    found = re.search(rb'"rollout/step": (\d+)', line) if name == METRICS else None
+    return f" (step {int(found.group(1))})" if found else ""
 
 
-def _umask() -> int:
-    """The process's umask (read from /proc where it can be, so it is not changed even briefly)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _after(row: dict, key: str, step: int) -> bool:
-    value = row.get(key)
+def _after(row: dict | None, key: str, step: int) -> bool:
+    value = row.get(key) if row is not None else None
     return isinstance(value, (int, float)) and int(value) > step
 
 

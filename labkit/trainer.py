@@ -32,11 +32,11 @@ from labkit.actor import compute_logprobs, pack_rollout, train_on_rollout
 from labkit.checkpoint import SavePolicy
 from labkit.config import RunConfig
 from labkit.engines.base import Completion, Engine, Sampling
-from labkit.evaluation import log_evaluation
+from labkit.evaluation import EvaluationStopped, evaluation_due, log_evaluation
 from labkit.grpo import compute_advantages
 from labkit.heat import HeatGuard, is_clean, pause_seconds_within
-from labkit.lifecycle import (failure_status, finish_run, log_unsynced_step, save_between_steps,
-                              start_run)
+from labkit.lifecycle import (evaluation_owed, failure_status, finish_run, log_unsynced_step,
+                              save_between_steps, start_run)
 from labkit.metrics import STEP
 from labkit.reward import score
 from labkit.runlog import Run, open_run_folder
@@ -80,16 +80,18 @@ def train(cfg: RunConfig, *, resume: str | Path | None = None, engine: Engine | 
             raise
         s.stopper, first_step = stopper, s.first_step
         saves = SavePolicy(cfg.save_interval)
+        if first_step > 0:
+            saves.saved(first_step - 1)  # the checkpoint it resumed from: not written again
         reason, message, last = "completed", "", first_step - 1
         bar = _progress(s, first_step)
         with s.guard:
             try:
-                if first_step == 0:
-                    log_evaluation(s, trained_steps=0, bar=bar)
+                stop = None  # why the run stops early ("<kind>: <detail>")
+                if evaluation_owed(log, s.cfg, first_step):  # the start's, or one a stop cut short
+                    stop = held_out(s, first_step, bar)
                 for step in range(first_step, cfg.num_rollout):
-                    why = stopper.should_stop()
-                    if why:
-                        reason, message = (part.strip() for part in why.split(":", 1))
+                    stop = stop or stopper.should_stop()
+                    if stop:
                         break
                     s.engine.begin_step(step)  # e.g. client.jsonl names the trainer's step
                     t0 = time.time()
@@ -99,21 +101,34 @@ def train(cfg: RunConfig, *, resume: str | Path | None = None, engine: Engine | 
                     metrics.update(s.startup)  # the first step this process ran: where start-up went
                     s.startup = {}
                     log.append_step(metrics)
-                    log.append_heat(p.to_dict() for p in s.guard.take_new_pauses())
                     s.phase, last = "logged", step
+                    log.append_heat(p.to_dict() for p in s.guard.take_new_pauses())
                     saved_s = save_between_steps(s, saves, step)  # counts toward the next estimate
                     stopper.record_step(metrics["perf/step_time"] + saved_s)
                     _advance(bar, metrics)
-                    if step + 1 == cfg.num_rollout or (cfg.eval_interval
-                                                       and (step + 1) % cfg.eval_interval == 0):
-                        log_evaluation(s, trained_steps=step + 1, bar=bar)
-            except BaseException as e:  # an engine that died, a second signal, a bug
+                    if evaluation_due(s.cfg, step + 1):  # one a stop cuts short stops the run
+                        stop = held_out(s, step + 1, bar)
+                if stop:
+                    reason, message = (part.strip() for part in stop.split(":", 1))
+            except BaseException as e:  # an engine that died, a second signal, a full disk, a bug
                 reason, message = failure_status(e, stopper)
                 last, message = log_unsynced_step(s, e, last, message)
                 finish_run(s, reason, last, message, bar, saves, error=e)
                 raise
             finish_run(s, reason, last, message, bar, saves)
     return Run(run_dir)
+
+
+def held_out(s: Session, trained_steps: int, bar) -> str | None:
+    """The held-out evaluation after `trained_steps` steps (labkit.evaluation); None when it
+    ran (or there is none), else why a stop cut it short: the run stops there, and keeps what
+    --resume needs to evaluate again."""
+    try:
+        log_evaluation(s, trained_steps=trained_steps, bar=bar)
+    except EvaluationStopped as e:
+        why = (s.stopper.should_stop() if s.stopper is not None else None) or f"requested: {e}"
+        return f"{why} during the held-out evaluation after {trained_steps} steps"
+    return None
 
 
 def run_step(s: Session, step: int) -> dict:
@@ -134,6 +149,7 @@ def run_step(s: Session, step: int) -> dict:
     else:
         with timed(timers, "actor_train"):
             train_stats, batch = update_policy(s, rollout, adv.values, step)
+    s.phase = "sync"  # trained, not logged: a failure from here (a full disk) leaves it unlogged
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # hand the optimizer's cached blocks back before vLLM wakes
     metrics = summarize_step(s, step, rollout, rewards, adv.zero_std, batch)
@@ -142,7 +158,6 @@ def run_step(s: Session, step: int) -> dict:
     # The step is trained: a failure from here is the engines' (`labkit serve` stopped, say),
     # and the step stands. The loop logs it (the metrics ride on the exception) and checkpoints
     # after it, so a resumed run sends these weights to the engines and goes on with the next.
-    s.phase = "sync"
     try:
         with timed(timers, "update_weights"):  # new weights first, then the KV cache comes back
             s.engine.update_weights(s.policy)

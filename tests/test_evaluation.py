@@ -11,8 +11,9 @@ import pytest
 from labkit.data import Problem
 from labkit.engines.base import Completion, Engine
 from labkit.evaluation import eval_name, evaluate
-from labkit.metrics import describe
+from labkit.metrics import STEP, describe
 from labkit.trainer import train
+from waiting import Lines
 
 
 class AnswerBook(Engine):
@@ -307,14 +308,11 @@ def test_sigterm_during_the_evaluation_stops_it_and_logs_no_step(tiny_model_dir,
     child = subprocess.Popen([sys.executable, "-c", SIGTERM_CHILD, str(tiny_model_dir),
                               str(tmp_path / "runs")], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=env)
+    out_lines, err_lines = Lines(child), Lines(child, child.stderr)
     try:
-        lines = []
-        while not lines or lines[-1] != "writing":  # wait for the evaluation to write
-            line = child.stdout.readline()
-            assert line, f"the run ended before its evaluation wrote: {lines} {child.stderr.read()}"
-            lines.append(line.strip())
+        out_lines.until("writing")  # the evaluation writes
         child.send_signal(signal.SIGTERM)
-        out, err = child.communicate(timeout=300)  # a bound for a hang, not the expected time
+        out, err = out_lines.rest(), err_lines.rest()
     finally:
         child.kill()
     assert child.returncode == 143, err
@@ -322,3 +320,89 @@ def test_sigterm_during_the_evaluation_stops_it_and_logs_no_step(tiny_model_dir,
     assert run.status["reason"] == "signal" and run.status["last_step"] == -1
     assert not (run.dir / "eval.jsonl").exists() or eval_rows(run) == []
     assert "held-out evaluation after 0 steps stopped (signal: SIGTERM)" in out
+
+
+def test_an_interrupt_ends_the_transformers_engine_while_it_reads_the_prompts(tiny_model_dir):
+    """The first token of a batch reads its prompts in one forward pass (11 s for 16 prompts
+    of SmolLM2 on one core); a stop that came then waited for its end. `interrupt` is asked
+    before each decoder layer, so the pass ends within a layer, before any token."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from labkit.engines.base import Cancelled, Sampling
+    from labkit.engines.hf import HFEngine
+
+    engine = HFEngine(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                      AutoTokenizer.from_pretrained(tiny_model_dir))
+    asked, layers = [], []
+    engine.cancel = lambda: bool(asked.append(1))  # before the batch, then once a token
+    engine.interrupt = lambda: bool(layers.append(1)) or len(layers) >= 2  # a stop after layer 1
+    with pytest.raises(Cancelled):
+        engine.generate([[5, 6, 7]] * 3, Sampling(n=1, temperature=0.0, max_tokens=200))
+    assert len(asked) == 1 and len(layers) == 2  # no token written: the first pass ended
+    assert not any(m._forward_pre_hooks for m in engine.model.modules())  # the checks are gone
+    engine.cancel = engine.interrupt = None
+    (answer,), = engine.generate([[5, 6, 7]], Sampling(n=1, temperature=0.0, max_tokens=3))
+    assert len(answer.token_ids) <= 3  # the model is as it was
+
+
+def test_a_sigterm_during_the_evaluation_after_the_last_step_stops_and_resume_does_it(
+        tiny_cfg, monkeypatch, capsys):
+    """The evaluation after the last step, stopped: before, the run said `completed`, removed
+    its checkpoint and had no evaluation after training; --resume was refused."""
+    import os
+    import signal
+
+    import labkit.trainer as trainer
+    from labkit.checkpoint import latest_checkpoint
+    from labkit.engines import hf
+    from labkit.stopping import exit_code
+
+    cfg = tiny_cfg.replace(eval_split_size=3, num_rollout=2, rollout_max_response_len=16)
+    real_eval, real_check = trainer.log_evaluation, hf._CancelCheck.__call__
+    last, sent = [], []
+
+    def evaluation(s, trained_steps, bar=None):
+        if trained_steps == cfg.num_rollout:
+            last.append(trained_steps)
+        return real_eval(s, trained_steps, bar)
+
+    def sigterm_in_the_last(self, input_ids, scores, **kw):
+        if last and not sent:  # the third token of the last evaluation's first batch
+            sent.append(input_ids.shape[1])
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_check(self, input_ids, scores, **kw)
+
+    monkeypatch.setattr(trainer, "log_evaluation", evaluation)
+    monkeypatch.setattr(hf._CancelCheck, "__call__", sigterm_in_the_last)
+    run = train(cfg)
+    assert sent and run.status["reason"] == "signal" and exit_code(run.status) == 143
+    assert run.status["last_step"] == 1
+    assert "during the held-out evaluation after 2 steps" in run.status["message"]
+    evaluated = lambda r: [(x["eval/trained_steps"], x["eval/synthetic_test_n"])  # noqa: E731
+                           for x in eval_rows(r)]
+    assert evaluated(run) == [(0, 3)] and len(run.metrics) == 2
+    assert latest_checkpoint(run.dir)[0] == 1  # kept: the evaluation needs these weights
+    out = capsys.readouterr().out
+    assert "held-out evaluation after 2 steps stopped (signal: SIGTERM); nothing logged for it, " \
+           "and --resume runs it" in out
+
+    monkeypatch.undo()
+    again = train(cfg, resume=run.dir)
+    assert again.status["reason"] == "completed" and again.status["last_step"] == 1
+    assert evaluated(again) == [(0, 3), (2, 3)] and again.metrics[STEP].tolist() == [0, 1]
+    assert not (again.dir / "checkpoint").exists()  # completed: the default keeps none
+    said = capsys.readouterr().out
+    assert "after step 1, its last, for the held-out evaluation a stop cut short" in said
+
+
+def test_a_run_killed_after_its_first_evaluation_does_not_evaluate_the_start_twice(tiny_cfg):
+    from labkit.runlog import open_run_folder
+
+    cfg = tiny_cfg.replace(eval_split_size=2)
+    run_dir, log, _ = open_run_folder(cfg, None)  # evaluated, then killed in step 0
+    log.append_eval({"eval/synthetic_test": 0.5, "eval/synthetic_test_n": 2,
+                     "eval/trained_steps": 0})
+    log.release()
+    resumed = train(cfg, resume=run_dir)
+    assert [r["eval/trained_steps"] for r in eval_rows(resumed)] == [0, 2]  # each once
+    assert eval_rows(resumed)[0]["eval/synthetic_test"] == 0.5

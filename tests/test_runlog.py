@@ -111,3 +111,44 @@ def test_two_starts_of_one_run_at_once_the_loser_is_refused_and_removes_nothing(
 def test_a_new_run_folder_gets_the_users_umask(tmp_path, umask_022):
     RunLog.create(tmp_path / "run", {"seed": 1}).release()
     assert (tmp_path / "run").stat().st_mode & 0o777 == 0o755
+
+
+def test_a_line_the_disk_has_no_room_for_is_said_and_leaves_no_half_line(tmp_path, monkeypatch):
+    import errno
+
+    from labkit.metrics import STEP
+    from labkit.runlog import WriteFailed
+
+    run = _run_folder(tmp_path)
+    log = RunLog.open(run)
+    log.append_step({STEP: 0, "rollout/raw_reward": 0.5})
+    before = (run / "metrics.jsonl").read_bytes()
+    real = os.fsync
+
+    def fsync(fd):  # the line reached the page cache, and the disk had no room for it
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("/metrics.jsonl"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(WriteFailed, match=rf"^could not write {run / 'metrics.jsonl'}: the disk "
+                                          rf"is full \([\d,]+ MB free\); free some space$"):
+        log.append_step({STEP: 1, "rollout/raw_reward": 0.25})
+    assert (run / "metrics.jsonl").read_bytes() == before
+    log.release()
+
+
+def test_evaluations_after_the_checkpoint_are_set_aside_with_their_steps(tmp_path):
+    from labkit.metrics import STEP
+
+    run = _run_folder(tmp_path)
+    log = RunLog.open(run)
+    for step in range(4):
+        log.append_step({STEP: step})
+    for trained in (0, 2, 4):  # evaluations after 0, 2 and 4 steps; the checkpoint is after step 1
+        log.append_eval({"eval/trained_steps": trained, "eval/made_test": 0.5})
+    assert log.set_aside_steps_after(1) == 2
+    assert log.evaluated() == {0, 2}  # the one after step 1 (2 steps) goes with the checkpoint
+    kept = [json.loads(x) for x in (run / "eval.jsonl.after-checkpoint").read_text().splitlines()]
+    assert [r["eval/trained_steps"] for r in kept] == [4]
+    log.release()

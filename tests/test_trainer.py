@@ -21,6 +21,7 @@ from labkit.runlog import RunLogError
 from labkit.errors import DataError
 from labkit.stopping import StopController
 from labkit.trainer import train
+from waiting import Lines
 
 REQUIRED = [
     STEP, "rollout/raw_reward", "rollout/raw_reward_std", "rollout/right_frac",
@@ -176,7 +177,10 @@ def say(line):
     print(line, flush=True)
     if line in os.environ.get("LABKIT_TEST_HOLD_AT", "").split("|"):
         go = os.path.join(os.environ["LABKIT_TEST_HOLD_DIR"], line.replace(" ", "-"))
+        end = time.monotonic() + 600  # a test that never lets go: the child gives up
         while not os.path.exists(go):  # a second signal interrupts this wait
+            if time.monotonic() > end:
+                raise SystemExit(f"held at {line!r} and never let go")
             time.sleep(0.01)
 """
 
@@ -219,7 +223,7 @@ def test_sigterm_mid_step_then_resume_matches_uninterrupted(tiny_cfg, tmp_path):
         _wait_for(proc, "step 0 done", [])
         proc.send_signal(signal.SIGTERM)  # while step 0 is held
         _let_go(tmp_path, "step 0 done")
-        out = proc.communicate(timeout=600)[0]
+        out = _rest(proc)
     finally:
         proc.kill()
     assert proc.returncode == 0, out
@@ -480,12 +484,20 @@ def _start(tmp_path, cfg, auto_save_s: float, slow: str = "-", hold=()) -> subpr
 
 
 def _wait_for(proc, prefix: str, seen: list) -> None:
-    """Read the child's lines until one starts with `prefix` (or the child ends: an error)."""
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith(prefix):
-            return
-    raise AssertionError(f"the run ended before {prefix!r}:\n" + "".join(seen))
+    """Read the child's lines until one starts with `prefix` (the child ending first, or the
+    deadline, is an error)."""
+    seen += _lines(proc).until(prefix)
+
+
+def _rest(proc) -> str:
+    """What the child writes until it exits (waited for with a deadline)."""
+    return _lines(proc).rest()
+
+
+def _lines(proc) -> Lines:
+    if not hasattr(proc, "lines"):
+        proc.lines = Lines(proc)
+    return proc.lines
 
 
 def test_sigkill_after_a_rolling_checkpoint_resumes_like_an_uninterrupted_run(tiny_cfg, tmp_path, capsys):
@@ -496,7 +508,7 @@ def test_sigkill_after_a_rolling_checkpoint_resumes_like_an_uninterrupted_run(ti
     try:
         _wait_for(proc, "saved 1", seen)  # the rolling checkpoint after step 1; held there
         proc.kill()  # SIGKILL: no handler, no status, no final checkpoint
-        proc.communicate(timeout=600)
+        _rest(proc)
     finally:
         proc.kill()
     killed = Path(cfg.output_dir) / "killed"
@@ -519,7 +531,7 @@ def test_second_sigterm_during_the_final_checkpoint_still_writes_the_status(tiny
         _let_go(tmp_path, "step 0 done")
         _wait_for(proc, "saving", seen)   # held in the final checkpoint until ...
         proc.send_signal(signal.SIGTERM)  # ... no, now: during the final checkpoint
-        out = proc.communicate(timeout=600)[0]
+        out = _rest(proc)
     finally:
         proc.kill()
     out = "".join(seen) + out
@@ -530,6 +542,136 @@ def test_second_sigterm_during_the_final_checkpoint_still_writes_the_status(tiny
     assert "a second signal cut the checkpoint of step 0 short" in run.status["message"]
     assert not [p for p in (run.dir / "checkpoint").iterdir() if ".tmp" in p.name]
     assert "signal: signal" not in out
+
+
+def test_a_second_signal_inside_the_checkpoints_writer_is_said_as_that_signal(tiny_cfg, monkeypatch):
+    """torch writes a checkpoint through the file's own write(); a second SIGTERM that lands
+    in there comes out of torch.save as "unexpected pos ...", which read as a failed write."""
+    import builtins
+
+    import labkit.checkpoint as checkpoint
+    import labkit.trainer as trainer
+
+    real_step, sent = trainer.run_step, []
+
+    def step_then_sigterm(s, step):  # stop after this step ...
+        out = real_step(s, step)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    class SecondSigtermInAWrite:  # ... no, now: the checkpoint's file, as torch writes it
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            sent.append(len(data))
+            if len(sent) == 3:  # inside the archive (at the first write torch passes it on as is)
+                os.kill(os.getpid(), signal.SIGTERM)
+            return self.f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(trainer, "run_step", step_then_sigterm)
+    monkeypatch.setattr(checkpoint, "open", lambda *a, **k: SecondSigtermInAWrite(builtins.open(*a, **k)),
+                        raising=False)
+    run = train(tiny_cfg.replace(num_rollout=3))
+    assert len(sent) >= 3, "the checkpoint was never written"
+    assert run.status["reason"] == "signal" and run.status["signal"] == "SIGTERM"
+    message = run.status["message"]
+    assert "a second signal cut the checkpoint of step 0 short" in message, message
+    assert "could not write" not in message and "unexpected pos" not in message
+    assert not (run.dir / "checkpoint").exists() or not [
+        p for p in (run.dir / "checkpoint").iterdir() if ".tmp" in p.name]
+
+
+def _full_disk_for(monkeypatch, name: str) -> None:
+    """fsync fails on the file `name` as on a full disk (the line reached the page cache and
+    no further: a delayed allocation that found no room)."""
+    import errno
+
+    real = os.fsync
+
+    def fsync(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(f"/{name}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def test_a_full_disk_when_a_step_is_logged_ends_in_one_line_with_the_status(tiny_cfg, monkeypatch,
+                                                                            capsys):
+    from labkit.cli import main
+
+    cfg = tiny_cfg.replace(num_rollout=3, run_name="full")
+    run_dir = Path(cfg.output_dir) / "full"
+    _full_disk_for(monkeypatch, "metrics.jsonl")
+    assert main(["launch", *_flags(cfg)]) == 1
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if line.startswith("labkit launch")]
+    assert said == [f"labkit launch: could not write {run_dir / 'metrics.jsonl'}: the disk is full "
+                    + said[0].split("the disk is full ", 1)[-1]], said
+    assert "MB free); free some space (status and traceback: " in said[0]
+    status = Run(run_dir).status
+    assert status["reason"] == "error" and status["last_step"] == -1
+    assert "the disk is full" in status["message"]
+    assert "--resume starts it again" in status["message"]
+    assert not (run_dir / "metrics.jsonl").exists() or (run_dir / "metrics.jsonl").read_text() == ""
+    assert not [p.name for p in run_dir.iterdir() if ".tmp" in p.name]  # the kept space is freed
+
+
+FILL_AT_STEP_0 = """
+import os, sys
+import labkit.trainer as trainer
+from labkit.cli import main
+
+real_step = trainer.run_step
+
+def step_on_a_disk_that_fills(s, step):
+    out = real_step(s, step)
+    fd = os.open(os.path.join(s.log.dir.parent, "filler"), os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:  # another program takes the rest of the disk
+            os.write(fd, b"\\0" * 4096)
+    except OSError:
+        os.close(fd)
+    return out
+
+trainer.run_step = step_on_a_disk_that_fills
+sys.exit(main(["launch", *sys.argv[1:]]))
+"""
+
+
+def test_a_real_full_disk_when_a_step_is_logged_leaves_the_status(tiny_cfg, tmp_path):
+    """On a 256 KiB file system filled up during step 0, the step's line finds no room: one
+    line says so, and the status is written on the room the run kept aside for it."""
+    disk = tmp_path / "disk"
+    if not _small_disk_works(disk):
+        pytest.skip("cannot mount a small tmpfs here (unshare -rm needs user namespaces)")
+    cfg = tiny_cfg.replace(num_rollout=3, output_dir=str(disk), run_name="full", save_interval=-1)
+    script = tmp_path / "fill.py"
+    script.write_text(FILL_AT_STEP_0)
+    flags = " ".join(_flags(cfg)) + " --save-interval -1"
+    out = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=256k tmpfs {disk} "
+                          f"&& {sys.executable} {script} {flags}; echo exit $?; "
+                          f"cat {disk}/full/status.json; wc -c < {disk}/full/metrics.jsonl"],
+                         capture_output=True, text=True, timeout=600)
+    said = [line for line in out.stderr.splitlines() if line.startswith("labkit launch")]
+    assert len(said) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert said[0].startswith(f"labkit launch: could not write {disk}/full/metrics.jsonl: the disk "
+                              f"is full"), said
+    assert "exit 1" in out.stdout, out.stdout
+    status = json.loads(out.stdout[out.stdout.index("{"):out.stdout.rindex("}") + 1])
+    assert status["reason"] == "error" and status["last_step"] == -1
+    assert "the disk is full" in status["message"]
+    assert out.stdout.split()[-1] == "0"  # no half line of step 0
 
 
 # ----------------------------------------------------------------------------- prompts too long
@@ -570,7 +712,7 @@ def test_sigterm_while_loading_stops_before_the_first_step_with_a_status(tiny_cf
         _wait_for(proc, "loading", seen)
         proc.send_signal(signal.SIGTERM)  # while the model loads (once, this killed the run)
         _let_go(tmp_path, "loading")
-        out = proc.communicate(timeout=600)[0]
+        out = _rest(proc)
     finally:
         proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM, "".join(seen) + out

@@ -71,12 +71,16 @@ class Engine(ABC):
     `generate` call come in, so a long rollout shows how far it is; an engine that cannot
     tell never calls it. `cancel`, when set (a held-out evaluation sets it, so that a stop
     ends it within seconds), is asked between tokens by an engine that can stop mid-call (the
-    transformers engine); the others never ask, and their call runs to its end.
+    transformers engine); the others never ask, and their call runs to its end. `interrupt`,
+    when set, is asked more often than that where the engine can (the transformers engine
+    asks it between layers, so a stop ends even the reading of long prompts); it must be
+    cheap, and count nothing (`cancel` may count tokens).
     """
 
     name: str = "engine"
     progress: Progress = None
     cancel: Cancel = None
+    interrupt: Cancel = None
 
     def report_progress(self, done: int, total: int, tokens: int) -> None:
         """Hand (answers finished, answers asked for, tokens so far) to `progress`, if set."""
