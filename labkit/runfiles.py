@@ -61,17 +61,18 @@ def read_json(path: Path, what: str) -> dict:
     try:
         obj = json.loads(path.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
-        raise RunLogError(f"{path} is damaged: not {what} (JSON: {one_line(e)}); restore it "
-                          f"or remove it") from e
+        raise RunLogError(f"{path} cannot be read as {what} (not JSON: {one_line(e)}); restore "
+                          f"it or remove it") from e
     if not isinstance(obj, dict):
-        raise RunLogError(f"{path} is damaged: not {what} (a JSON {type(obj).__name__}, not "
+        raise RunLogError(f"{path} cannot be read as {what} (a JSON {type(obj).__name__}, not "
                           f"an object); restore it or remove it")
     return obj
 
 
 def read_jsonl(path: Path, *, strict_tail: bool = False) -> tuple[list[dict], int]:
-    """Read a JSONL file; return (rows, bad_lines): a line that is not a JSON object (not
-    UTF-8, not JSON, a list) is counted as bad, never raised.
+    """Read a JSONL file; return (rows, bad_lines): a line that is not a JSON object (cut
+    short, a list) is counted as bad. A file that is not UTF-8 text raises UnicodeDecodeError
+    (the analysis names it as a binary file in a run's place).
 
     A truncated last line (a run killed mid-write) is counted as bad too, unless
     `strict_tail` is set: then it is refused.
@@ -80,11 +81,11 @@ def read_jsonl(path: Path, *, strict_tail: bool = False) -> tuple[list[dict], in
     if not path.exists():
         return [], 0
     rows, bad = [], 0
-    lines = path.read_bytes().split(b"\n")
+    lines = path.read_bytes().decode("utf-8").split("\n")
     for i, line in enumerate(lines):
         if not line.strip():
             continue
-        row = json_row(line)
+        row = json_row(line.encode())
         if row is None:
             if strict_tail and i == len(lines) - 1:
                 raise RunLogError(
@@ -95,6 +96,15 @@ def read_jsonl(path: Path, *, strict_tail: bool = False) -> tuple[list[dict], in
         else:
             rows.append(row)
     return rows, bad
+
+
+def readable_rows(path: Path) -> list[dict]:
+    """The lines of a JSONL file that are JSON objects; any other (cut short, not UTF-8) is
+    left out. [] when there is no file."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return [row for row in map(json_row, read_bytes(path).split(b"\n")) if row is not None]
 
 
 def json_row(line: bytes) -> dict | None:

@@ -46,8 +46,8 @@ from labkit.config import RunConfig
 from labkit.errors import RunLogError
 from labkit.metrics import STEP
 from labkit.runfiles import (WriteFailed, append_lines, is_step_line, json_row, read_bytes,  # noqa: F401
-                             read_json, read_jsonl, write_all, write_bytes_atomic, write_failed,
-                             write_json_atomic, write_text_atomic)
+                             read_json, read_jsonl, readable_rows, write_all, write_bytes_atomic,
+                             write_failed, write_json_atomic, write_text_atomic)
 from labkit.runfiles import user_umask as _umask
 from labkit.runlock import RunLock
 
@@ -203,7 +203,7 @@ class RunLog:
                 raise
             path = self.dir / STATUS
             os.replace(path, self.dir / (STATUS + ".damaged"))
-            print(f"labkit: {path} is damaged (not a run's status as JSON); moved it to "
+            print(f"labkit: {path} cannot be read as a run's status (not JSON); moved it to "
                   f"{STATUS}.damaged, and the new status starts afresh", flush=True)
             return None
 
@@ -249,8 +249,8 @@ class RunLog:
         return read_json(self.dir / CONFIG, "a run's config")
 
     def steps(self) -> list[dict]:
-        rows, _ = read_jsonl(self.dir / METRICS)
-        return rows
+        """The readable lines of metrics.jsonl (a resume refuses a log with others)."""
+        return readable_rows(self.dir / METRICS)
 
     def last_step(self) -> int:
         """The last finished step, or -1 when none finished."""
@@ -294,8 +294,7 @@ class RunLog:
 
     def evaluated(self) -> set[int]:
         """The steps after which an evaluation is in eval.jsonl (eval/trained_steps)."""
-        rows, _ = read_jsonl(self.dir / EVAL)
-        return {int(r["eval/trained_steps"]) for r in rows
+        return {int(r["eval/trained_steps"]) for r in readable_rows(self.dir / EVAL)
                 if isinstance(r.get("eval/trained_steps"), (int, float))}
 
     # --- writing -------------------------------------------------------------------

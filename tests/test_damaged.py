@@ -87,14 +87,14 @@ def _foreign_checkpoint(path: Path) -> None:
 
 
 REFUSED = [  # (file, damage, what the one line says)
-    ("config.json", _not_json, "is damaged: not a run's config (JSON: "),
-    ("config.json", _binary, "is damaged: not a run's config (JSON: "),
-    ("config.json", _a_list, "is damaged: not a run's config (a JSON list, not an object)"),
+    ("config.json", _not_json, "cannot be read as a run's config (not JSON: "),
+    ("config.json", _binary, "cannot be read as a run's config (not JSON: "),
+    ("config.json", _a_list, "cannot be read as a run's config (a JSON list, not an object)"),
     ("metrics.jsonl", lambda p: p.write_bytes(b"\xff\xfe\n" + p.read_bytes()),
      ": line 1 is not a step's line (not a JSON object): the log is damaged"),
     ("metrics.jsonl", lambda p: p.write_text("[1]\n" + p.read_text()),
      ": line 1 is not a step's line (not a JSON object)"),
-    ("checkpoint/latest.json", _binary, "is damaged: not a checkpoint's pointer"),
+    ("checkpoint/latest.json", _binary, "cannot be read as a checkpoint's pointer"),
     ("checkpoint/latest.json", lambda p: p.write_text('{"step": "one", "file": "step-1.pt"}'),
      "is damaged (no step number and file name of the checkpoint in it)"),
     ("checkpoint", lambda p: (shutil.rmtree(p), p.write_text("x")), "is not a folder"),
@@ -119,8 +119,8 @@ def test_a_damaged_status_is_moved_aside_and_the_run_goes_on(run_copy, capsys):
     _not_json(run_copy / "status.json")
     code, out, err = _resume(run_copy, capsys)
     assert code == 0, err
-    assert (f"labkit: {run_copy / 'status.json'} is damaged (not a run's status as JSON); moved "
-            f"it to status.json.damaged") in out
+    assert (f"labkit: {run_copy / 'status.json'} cannot be read as a run's status (not JSON); "
+            f"moved it to status.json.damaged") in out
     assert (run_copy / "status.json.damaged").read_text() == "{not json"
     assert Run(run_copy).status["reason"] == "completed"
 
