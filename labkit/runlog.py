@@ -43,7 +43,7 @@ from typing import Iterable
 
 from labkit import __version__
 from labkit.config import RunConfig
-from labkit.errors import RunLogError
+from labkit.errors import LabkitError, RunLogError, one_line
 from labkit.metrics import STEP
 from labkit.runfiles import (WriteFailed, append_lines, is_step_line, json_row, read_bytes,  # noqa: F401
                              read_json, read_jsonl, readable_rows, write_all, write_bytes_atomic,
@@ -158,6 +158,9 @@ class RunLog:
         """Move a last line without its newline (or, in metrics.jsonl, one that is not a
         step's JSON line) to `<name>.truncated`, saying so; refuse it when not `repair`."""
         path = self.dir / name
+        if path.exists() and not path.is_file():
+            raise RunLogError(f"{path} is not a file, so the run cannot write its lines there; "
+                              f"move it away")
         if not path.is_file():
             return
         data = read_bytes(path)
@@ -441,10 +444,15 @@ def default_run_name(cfg: RunConfig) -> str:
 
 
 def saved_config(run_dir: str | Path) -> RunConfig:
-    """The RunConfig a run folder was started with."""
+    """The RunConfig a run folder was started with; a value there that no run could have
+    (the file edited by hand) is a RunLogError naming the file."""
     saved = RunLog(Path(run_dir)).config()
     known = {f.name for f in fields(RunConfig)}
-    return RunConfig(**{k: v for k, v in saved.items() if k in known})
+    try:
+        return RunConfig(**{k: v for k, v in saved.items() if k in known}).check()
+    except (LabkitError, TypeError, ValueError) as e:
+        raise RunLogError(f"{Path(run_dir) / CONFIG} holds a config no run could have "
+                          f"({one_line(e)}); restore it or remove it") from e
 
 
 def config_mismatches(saved: RunConfig, given: RunConfig) -> list[str]:
