@@ -45,9 +45,10 @@ from labkit import __version__
 from labkit.config import RunConfig
 from labkit.errors import LabkitError, RunLogError, one_line
 from labkit.metrics import STEP
-from labkit.runfiles import (WriteFailed, append_lines, is_step_line, json_row, read_bytes,  # noqa: F401
-                             read_json, read_jsonl, readable_rows, write_all, write_bytes_atomic,
-                             write_failed, write_json_atomic, write_text_atomic)
+from labkit.runfiles import (append_lines, is_step_line, json_row, read_bytes, read_json,
+                             read_jsonl, readable_rows, write_all, write_bytes_atomic,
+                             write_failed, write_json_atomic)
+from labkit.runfiles import WriteFailed, write_text_atomic  # noqa: F401 (named here too)
 from labkit.runfiles import user_umask as _umask
 from labkit.runlock import RunLock
 
