@@ -359,3 +359,16 @@ def test_resume_with_a_config_json_cut_short_is_one_line(tiny_cfg):
         sweep.launch_many([tiny_cfg], resume=True)
     assert f"{folder / 'config.json'} cannot be read" in str(e.value) and "\n" not in str(e.value)
     assert "nothing was started" in str(e.value)
+
+
+def test_runs_that_share_a_gpu_get_expandable_segments_unless_the_user_chose(tiny_cfg, monkeypatch):
+    monkeypatch.setattr(sweep, "_on_gpu", lambda cfg: True)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    shared = tiny_cfg.replace(rollout_sleep=False)
+    assert sweep._allocator(shared) == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert sweep._allocator(shared.replace(rollout_sleep=True)) == {}  # vLLM's sleep pool
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
+    assert sweep._allocator(shared) == {}
+    monkeypatch.setattr(sweep, "_on_gpu", lambda cfg: False)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    assert sweep._allocator(shared) == {}

@@ -19,8 +19,11 @@
 #   alone, side4, side3, side2
 #                   the recipe as a user types it, STEPS steps, no evaluation: one run alone
 #                   (seed 21), then `labkit sweep --seed 21,22,23,24` (and the first 3, 2 seeds),
-#                   each run a process with the sweep's memory plan; side4x is side4 with
-#                   torch's expandable segments in every run's environment
+#                   each run a process with the sweep's memory plan (its runs get torch's
+#                   expandable segments); side4p is side4 with torch's plain allocator
+#   alone_lean      one run alone as a shared run is set: checkpointed at 24,576 tokens, a fixed
+#                   8 GiB KV cache, no sleep mode (its whole-GPU memory is what one run needs)
+#   alone24         one run alone, plain update at 24,576 tokens a micro-batch
 # session.sh starts it detached (setsid) so it outlives the 10-minute calls; logs go to
 # $SOLO/logs, run folders to $SOLO/runs; `session.sh collect` brings them back.
 #   GPU=0 SOLO=$HOME/solo M=model.gguf D=gsm8k-folder R=$HOME/runs bash scripts/gpu/solo.sh
@@ -92,9 +95,14 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       bash scripts/gpu/update_side_by_side.sh ;;
     alone) job alone 300 python -m labkit launch "${SHORT[@]}" --seed 21 --model "$M" --data "$D" \
       --output-dir "$SOLO/runs" --run-name alone ;;
-    side4|side3|side2|side4x)
+    alone_lean) job alone_lean 300 python -m labkit launch "${SHORT[@]}" --seed 21 --model "$M" --data "$D" \
+      --output-dir "$SOLO/runs" --run-name alone-lean --gradient-checkpointing --max-tokens-per-gpu 24576 \
+      --rollout-kv-cache-gb 8 --no-rollout-sleep ;;
+    alone24) job alone24 300 python -m labkit launch "${SHORT[@]}" --seed 21 --model "$M" --data "$D" \
+      --output-dir "$SOLO/runs" --run-name alone24 --max-tokens-per-gpu 24576 ;;
+    side4|side3|side2|side4p)
       seeds=$(echo 21,22,23,24 | cut -d, -f1-"${j:4:1}")
-      alloc=$([ "$j" = side4x ] && echo expandable_segments:True)
+      alloc=$([ "$j" = side4p ] && echo expandable_segments:False)
       job "$j" 480 env ${alloc:+PYTORCH_CUDA_ALLOC_CONF=$alloc} python -m labkit sweep "${SHORT[@]}" \
         --seed "$seeds" --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name "$j" ;;
     lesson_sweep) job lesson_sweep 600 python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
