@@ -4,7 +4,7 @@
     cfg = labkit.RunConfig.preset("cpu", n_samples_per_prompt=4, global_batch_size=16)
     run = labkit.launch(cfg)      # a Run: run.dir, run.metrics (DataFrame), run.status
     runs = labkit.launch_many([cfg.replace(n_samples_per_prompt=n, global_batch_size=4 * n)
-                               for n in (2, 8)])   # side by side on a GPU, in turn on a CPU
+                               for n in (2, 8)])   # side by side on the GPUs, in turn on a CPU
     labkit.close()                # release the model and engine kept for the next launch
 """
 
@@ -21,13 +21,14 @@ def launch(config: RunConfig, *, resume=None) -> Run:
     return train(config, resume=resume)
 
 
-def launch_many(configs, *, resume: bool = False) -> list[Run]:
-    """Run several configs: side by side on one GPU (a process each, after checking that they
-    fit in its memory), one after another without one. One stop stops them all after their
+def launch_many(configs, *, resume: bool = False, gpus=None) -> list[Run]:
+    """Run several configs: side by side on the GPUs (a process each, as many on each GPU as
+    its free memory holds, the rest waiting for a place), one after another without one.
+    `gpus=[0, 1]` limits the GPUs (also env LABKIT_GPUS). One stop stops them all after their
     step; `resume=True` continues named runs. Returns the Runs (labkit.sweep)."""
     from labkit.sweep import launch_many as _launch_many
 
-    return _launch_many(configs, resume=resume)
+    return _launch_many(configs, resume=resume, gpus=gpus)
 
 
 def close() -> None:

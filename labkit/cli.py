@@ -5,7 +5,7 @@
     labkit launch --preset cpu                      # the embedded offline default (SmolLM2, CPU)
     labkit launch --resume runs/<name>              # continue a stopped run
     labkit launch --backend miles --dry-run         # print the same recipe as a miles command
-    labkit sweep --n-samples-per-prompt 4,8,16 --seed 1,2   # six runs, side by side on a GPU
+    labkit sweep --n-samples-per-prompt 4,8,16 --seed 1,2   # six runs, side by side on the GPUs
     labkit compare data/runs/n*-lr1e-6-*            # the group-size table and plots
     labkit replay data/incidents/<log>.jsonl        # 503 bursts through the watchdog
     labkit serve --engines 2                        # engines behind a router, on loopback
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("argv", nargs=argparse.REMAINDER)
     sweep = sub.add_parser("sweep", add_help=False,
                            help="several runs from one command: launch's flags, a comma-separated "
-                                "value runs each (side by side on a GPU)")
+                                "value runs each (side by side on the GPUs)")
     sweep.add_argument("argv", nargs=argparse.REMAINDER)
     one = sub.add_parser("launch-config")  # a sweep's run (labkit.sweep)
     one.add_argument("file")
@@ -277,14 +277,16 @@ def sweep(argv: list[str]) -> int:
     Only numbers and named choices are lists: a comma in a path or a name stays. Where
     --global-batch-size is not given, each run takes prompts x answers (one optimizer step
     per rollout). --time-limit is each run's own: a run that reaches it stops, and the sweep
-    goes on. The whole sweep is checked before any run starts. A stopped sweep continues with
+    goes on. The runs go to every GPU this process sees (--gpus 0,1 or LABKIT_GPUS limits
+    them), as many on each as its free memory holds; on several GPUs the rest wait for a
+    place. The whole sweep is checked before any run starts. A stopped sweep continues with
     the same command and --resume (the summary prints it). Exit 0 when every run completed,
     else the exit code of the first that did not, from what this command did: 124 its time
     limit, 128 + the signal of a stop, 1 a failure."""
     import inspect
     import shlex
 
-    from labkit import sweep as sweepmod
+    from labkit import placement, sweep as sweepmod
 
     if "-h" in argv or "--help" in argv:
         print(inspect.cleandoc(sweep.__doc__).replace("`labkit sweep`: ", "labkit sweep: ") + "\n")
@@ -299,7 +301,8 @@ def sweep(argv: list[str]) -> int:
     again += [] if own["resume"] else ["--resume"]
     hints = sweepmod.Hints(resume=f"`labkit sweep {shlex.join(again)}`", rename="another --run-name",
                            flags=True)
-    slots = sweepmod.run_sweep(configs, resume=own["resume"], hints=hints)
+    gpus = placement.parse_gpus(own["gpus"], "--gpus")
+    slots = sweepmod.run_sweep(configs, resume=own["resume"], hints=hints, gpus=gpus)
     return sweepmod.sweep_exit_code(slots)
 
 
@@ -312,6 +315,10 @@ def sweep_parser() -> argparse.ArgumentParser:
                           "completed runs are kept, stopped ones go on from their checkpoint, "
                           "the others start")
     own.add_argument("--dry-run", action="store_true", help="print the runs and start none")
+    own.add_argument("--gpus", metavar="0,1",
+                     help="the GPUs the runs may use, as nvidia-smi numbers them (also env "
+                          "LABKIT_GPUS); default: every GPU this process sees "
+                          "(CUDA_VISIBLE_DEVICES). Each run's process sees one of them")
     own.add_argument("--debug", action="store_true",
                      help="show the traceback of an error (also env LABKIT_DEBUG=1)")
     return p
@@ -326,10 +333,16 @@ def _sweep_words(argv: list[str]) -> tuple[list[str], dict, list[tuple[int, str]
     takes = {"--" + f.name.replace("_", "-"): f.name for f in fields(RunConfig)
              if f.type not in ("bool", bool)}
     takes["--preset"] = ""
-    words, own, values, i = [], {"resume": False, "dry_run": False}, [], 0
+    words, own, values, i = [], {"resume": False, "dry_run": False, "gpus": None}, [], 0
     while i < len(argv):
         word = argv[i]
         flag, eq, value = word.partition("=")
+        if flag == "--gpus":
+            if not eq and i + 1 >= len(argv):
+                raise ConfigError("--gpus takes the GPUs' numbers, e.g. --gpus 0,1")
+            own["gpus"] = value if eq else argv[i + 1]
+            i += 1 if eq else 2
+            continue
         if flag == "--backend":
             raise ConfigError("--backend: the sweep trains with labkit itself; for miles, write "
                               "each run's script with labkit launch --backend miles")

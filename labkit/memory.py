@@ -24,7 +24,8 @@ estimate (four recipe runs side by side, checkpointed, peaked at 98.7 GiB of the
 together, 24.7 a run, where this plan counts 29.5).
 `share_gpu` picks what lets N runs share a card (checkpointing, then the token budget),
 `plan_runs` refuses, in one line, a set of runs that does not fit in the free memory, and
-`fit_max_tokens` gives the largest token budget per micro-batch that fits.
+`fit_max_tokens` gives the largest token budget per micro-batch that fits. `gpu_count` and
+`gpu_free_gib` ask the driver (NVML, else nvidia-smi) what labkit.placement shares out.
 """
 
 from __future__ import annotations
@@ -173,28 +174,57 @@ def fit_max_tokens(cfg, shape: ModelShape, runs: int, free_gib: float, *, step: 
     return max(0, int(room / per_token) // step * step)
 
 
-def gpu_free_gib(index: int = 0) -> float | None:
-    """Free memory of GPU `index` as the driver sees it (all processes), without starting a
-    CUDA context in this process: NVML, else nvidia-smi; None when neither answers."""
+def gpu_count() -> int | None:
+    """How many GPUs the driver counts (all of the machine's, whatever CUDA_VISIBLE_DEVICES
+    says): NVML, else nvidia-smi; None when neither answers."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
         try:
-            info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
-            return info.free / GIB
+            return int(pynvml.nvmlDeviceGetCount())
         finally:
             pynvml.nvmlShutdown()
     except Exception:  # noqa: BLE001 - no NVML, no driver: try the command line
         pass
-    if shutil.which("nvidia-smi"):
+    out = _smi("--query-gpu=index")
+    return len(out) if out is not None else None
+
+
+def gpu_free_gib(index: int | str = 0) -> float | None:
+    """Free memory of GPU `index` (nvidia-smi's number, or its UUID) as the driver sees it
+    (all processes), without starting a CUDA context in this process: NVML, else
+    nvidia-smi; None when neither answers."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits",
-                                  f"--id={index}"], capture_output=True, text=True, timeout=30)
-            return float(out.stdout.strip().splitlines()[0]) * 2**20 / GIB
-        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-            return None
-    return None
+            handle = (pynvml.nvmlDeviceGetHandleByIndex(int(index)) if str(index).isdigit()
+                      else pynvml.nvmlDeviceGetHandleByUUID(str(index)))
+            return pynvml.nvmlDeviceGetMemoryInfo(handle).free / GIB
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML, no driver: try the command line
+        pass
+    out = _smi("--query-gpu=memory.free", f"--id={index}")
+    try:
+        return float(out[0]) * 2**20 / GIB if out else None
+    except ValueError:
+        return None
+
+
+def _smi(*query: str) -> list[str] | None:
+    """nvidia-smi's answer to a --query-gpu, a line per GPU; None without nvidia-smi or answer."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", *query, "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [x.strip() for x in out.stdout.splitlines() if x.strip()]
+    return lines if out.returncode == 0 and lines else None
 
 
 def describe_plan(cfg, need: RunMemory, runs: int, free_gib: float) -> str:
@@ -203,7 +233,9 @@ def describe_plan(cfg, need: RunMemory, runs: int, free_gib: float) -> str:
     batches = (f"{cfg.max_tokens_per_gpu:,} tokens a micro-batch" if cfg.use_dynamic_batch_size
                else f"{cfg.micro_batch_size} samples a micro-batch")
     ckpt = "with" if cfg.gradient_checkpointing else "without"
-    return (f"{runs} runs share the GPU ({free_gib:.0f} GiB free): each {ckpt} gradient "
+    who = (f"{runs} runs share the GPU ({free_gib:.0f} GiB free): each" if runs > 1
+           else f"1 run has the GPU ({free_gib:.0f} GiB free):")
+    return (f"{who} {ckpt} gradient "
             f"checkpointing, {batches}, a KV cache of {kv:g} GiB; planned {need.describe()} a run")
 
 

@@ -1,11 +1,12 @@
-"""Several runs from one call: side by side on one GPU (a process each), or one after another.
+"""Several runs from one call: side by side on the GPUs (a process each), or one after another.
 
 Why: the course's central act is comparing group sizes across seeds, and one 0.5B run uses
-a fraction of an H200. `launch_many(configs)` starts the runs together on the GPU, one
+a fraction of an H200. `launch_many(configs)` starts the runs together on the GPUs, one
 process each (vLLM keeps one engine per process), each engine with a fixed KV cache, after
-checking that they fit in the GPU's free memory (labkit.memory). Without a GPU it runs them
-one after another in this process, with the same API and the same result: a list of Runs
-that labkit.analysis reads as any other.
+checking that they fit in the GPUs' free memory (labkit.memory); labkit.placement says
+which GPU each run goes to, and on several GPUs the runs that do not fit at once wait for
+a place. Without a GPU it runs them one after another in this process, with the same API
+and the same result: a list of Runs that labkit.analysis reads as any other.
 
 What a user can count on:
 
@@ -14,16 +15,16 @@ What a user can count on:
 * a run that fails, however (an error, a reward that calls sys.exit), does not stop the
   others; a line names it and why (its status.json);
 * one stop (Ctrl-C, a notebook's stop button, SIGTERM, SIGHUP) stops every run after its
-  step, with a checkpoint, and runs not yet started are not started; `launch_many` then
-  returns what it has (a second stop interrupts the steps in progress). A run's own
-  --time-limit stops that run only: the sweep goes on with the next;
+  step, with a checkpoint, and runs not yet started (waiting for a GPU, or for their turn)
+  are not started; `launch_many` then returns what it has (a second stop interrupts the
+  steps in progress). A run's own --time-limit stops that run only: the sweep goes on;
 * `resume=True` continues a set of named runs: a completed one of the same config is
   returned as it is, a stopped one goes on from its checkpoint, a missing one starts; a
   folder that holds a run of another config (another seed, lr, data, ...; fields that only
   change bookkeeping or memory do not count) is refused, as is a completed run asked for
   more steps than it has a checkpoint to go on from;
-* one progress display for all runs, and each side-by-side run's own output in
-  `<output_dir>/<run_name>.log`.
+* one progress display for all runs (on several GPUs, with the GPU of each), and each
+  side-by-side run's own output in `<output_dir>/<run_name>.log`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,16 +44,13 @@ from typing import Sequence
 
 from labkit.config import ConfigError, RunConfig
 from labkit.errors import LabkitError, RunLogError, one_line
+from labkit.placement import SHARED_GPU_FIELDS
 from labkit.runlog import (CONFIG, METRICS, RESUMABLE, Run, RunLog, config_mismatches,
                            default_run_name, read_jsonl, saved_config)
 
 STOPPED = ("signal", "requested")  # a run's status reasons that end a sweep (a stop)
 STOP_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None),
                                  signal.SIGINT) if s is not None)
-# What _shared_gpu sets for runs that share a GPU: memory and display, not what a step computes,
-# so a run resumed with the config it was asked with is the same run.
-SHARED_GPU_FIELDS = {"rollout_sleep", "progress", "rollout_gpu_memory_fraction",
-                     "rollout_kv_cache_gb", "max_tokens_per_gpu"}
 
 
 @dataclass(frozen=True)
@@ -75,6 +74,7 @@ class _Slot:
     outcome: str = "not started"  # completed, stopped, time limit, failed: <why>, not started
     code: int = 0  # what `labkit sweep` exits with for this run (labkit.stopping.exit_code)
     resume_dir: str | None = None  # the folder this run continues (resume=True)
+    gpu: str | None = None  # the GPU its process saw (CUDA_VISIBLE_DEVICES), once started
     extra: dict = field(default_factory=dict)
 
     @property
@@ -100,22 +100,27 @@ class _Slot:
 
 
 def launch_many(configs: Sequence[RunConfig | dict], *, resume: bool = False,
-                side_by_side: bool | None = None) -> list[Run]:
+                side_by_side: bool | None = None, gpus=None) -> list[Run]:
     """Run every config (a RunConfig, or a dict of its fields); return the Runs that have a
     folder, in the configs' order.
 
-    `side_by_side`: None picks for the machine (together on a GPU with the vLLM engine, one
-    after another otherwise); True starts a process per run whatever the machine (also on a
-    CPU, where the runs then share its cores). `resume`: continue named runs (see above).
+    `side_by_side`: None picks for the machine (together on the GPUs with the vLLM engine,
+    one after another otherwise); True starts a process per run whatever the machine (also
+    on a CPU, where the runs then share its cores). `resume`: continue named runs (see
+    above). `gpus`: the GPUs side-by-side runs may use, nvidia-smi's numbers (`[0, 1]` or
+    "0,1"); None: env LABKIT_GPUS, else every GPU this process sees (labkit.placement).
     """
-    slots = run_sweep(configs, resume=resume, side_by_side=side_by_side)
+    slots = run_sweep(configs, resume=resume, side_by_side=side_by_side, gpus=gpus)
     return [r for r in (s.run() for s in slots) if r is not None]
 
 
 def run_sweep(configs, *, resume: bool = False, side_by_side: bool | None = None,
-              hints: Hints = Hints()) -> list[_Slot]:
+              hints: Hints = Hints(), gpus=None) -> list[_Slot]:
     """launch_many, returning each config's slot (its outcome and exit code); `hints` word
     the summary's advice for the caller (`labkit sweep` names its own flags)."""
+    from labkit import placement
+
+    wanted = placement.requested(gpus)
     slots = [_Slot(c) for c in _named(_as_configs(configs))]
     if not slots:
         return slots
@@ -127,7 +132,7 @@ def run_sweep(configs, *, resume: bool = False, side_by_side: bool | None = None
         side_by_side = len(slots) > 1 and _on_gpu(slots[0].cfg)
     with _stops_caught() as stops:
         if side_by_side:
-            _side_by_side(slots, stops)
+            _side_by_side(slots, stops, wanted)
         else:
             _one_after_another(slots, stops)
     if stops:  # a stop between runs: the runs it kept from starting say which signal
@@ -145,15 +150,18 @@ def sweep_exit_code(slots) -> int:
 
 
 def summary(slots, hints: Hints = Hints()) -> str:
-    """'3 runs: 2 completed (a, b); 1 stopped (c); launch_many(..., resume=True) continues them'."""
+    """'3 runs: 2 completed (a, b); 1 stopped (c); launch_many(..., resume=True) continues them'
+    (runs on several GPUs: 'a on GPU 0, b on GPU 1')."""
     if not slots:
         return "no runs"
     words = {"time limit": "stopped at its --time-limit"}
+    several = len({s.gpu for s in slots if s.gpu is not None}) > 1  # then name each run's
     groups: dict[str, list[str]] = {}
     for s in slots:
         kind = s.outcome.split(":", 1)[0]
-        groups.setdefault(kind, []).append(s.cfg.run_name + (f" ({s.outcome.split(':', 1)[1].strip()})"
-                                                             if kind == "failed" else ""))
+        where = f" on GPU {s.gpu}" if several and s.gpu is not None else ""
+        groups.setdefault(kind, []).append(s.cfg.run_name + where + (
+            f" ({s.outcome.split(':', 1)[1].strip()})" if kind == "failed" else ""))
     parts = [f"{len(v)} {words.get(k, k)} ({', '.join(v)})" for k, v in groups.items()]
     tail = (f"; {hints.resume} continues them" if {"stopped", "time limit", "not started"} & set(groups)
             else "")
@@ -363,72 +371,48 @@ def _failure_words(e: BaseException) -> str:
 
 
 # ----------------------------------------------------------------------------- side by side
-def _side_by_side(slots: list[_Slot], stops: list[int]) -> None:
-    """A process per run, started together after the memory check; wait, forwarding a stop."""
-    from labkit import memory
-    from labkit.models import resolve_model
+def _side_by_side(slots: list[_Slot], stops: list[int], wanted: list[str] | None = None) -> None:
+    """A process per run, each on the GPU the plan gives it (labkit.placement: checked
+    against the GPUs' free memory before any starts); wait, forwarding a stop."""
+    from labkit import placement
 
     todo = [s for s in slots if s.outcome != "completed"]
     if not todo:
         return
     for s in todo:  # a bar of its own would only fill its log
         s.cfg = s.cfg.replace(progress=False)
-    fresh = [s for s in todo if s.resume_dir is None]
-    if fresh and _on_gpu(fresh[0].cfg):
-        path = resolve_model(fresh[0].cfg.model)  # a GGUF is dequantized once, not per process
-        shape = memory.ModelShape.of(path)
-        free = memory.gpu_free_gib()
-        for s in fresh:
-            s.cfg = _shared_gpu(s.cfg, shape, len(todo), free)
-        if free is not None:
-            need = memory.plan_runs([s.cfg for s in fresh], shape, free)
-            print(f"labkit: {memory.describe_plan(fresh[0].cfg, need[0], len(todo), free)}", flush=True)
-        else:
-            print("labkit: the GPU's free memory could not be read; starting without the check",
-                  file=sys.stderr, flush=True)
-    for s in todo:
-        if stops:
-            break
-        try:
-            s.proc = _start(s, s.resume_dir)
-            s.outcome = "running"
-        except OSError as e:  # no process for this run (a full disk, too many processes)
-            s.fail(f"could not start its process ({e.strerror or e})")
-    _wait(slots, stops)
+    if _on_gpu(todo[0].cfg):
+        plan = placement.plan([s.cfg for s in todo if s.resume_dir is None],
+                              [s.cfg for s in todo if s.resume_dir is not None], wanted)
+    else:
+        plan = placement.anywhere(len(todo))
+    _wait(todo, plan, stops)
 
 
-def _shared_gpu(cfg: RunConfig, shape, runs: int, free: float | None) -> RunConfig:
-    """A run's settings for a GPU it shares: a fixed KV cache, no sleep mode (vLLM's memory
-    checks measure the whole GPU), no progress bar of its own, and what lets every run fit:
-    gradient checkpointing (where auto), else a smaller token budget per micro-batch (where
-    the config kept the default budget): labkit.memory.share_gpu."""
-    from labkit import memory
+def _start(s: _Slot, resume_dir: str | None, gpu: str | None = None) -> subprocess.Popen:
+    """The run's process (_command) in a session of its own (so a terminal's Ctrl-C reaches
+    only this one, which passes it on once), seeing only `gpu` (all the sweep sees for
+    None), its output in <output_dir>/<run_name>.log."""
+    from labkit.placement import device_env
 
-    # vLLM still checks at start that the free memory covers its fraction of the whole GPU
-    # (with a fixed KV cache the fraction sizes nothing else): keep it within one share.
-    changes = dict(rollout_sleep=False, progress=False,
-                   rollout_gpu_memory_fraction=min(cfg.rollout_gpu_memory_fraction, 0.5 / runs))
-    if cfg.rollout_kv_cache_gb is None:
-        changes["rollout_kv_cache_gb"] = memory.DEFAULT_KV_CACHE_GIB
-    cfg = cfg.replace(**changes)
-    return memory.share_gpu(cfg, shape, runs, free, default_tokens=RunConfig().max_tokens_per_gpu)
-
-
-def _start(s: _Slot, resume_dir: str | None) -> subprocess.Popen:
-    """`labkit launch-config` in a process of its own session (so a terminal's Ctrl-C reaches
-    only this one, which passes it on once), its output in <output_dir>/<run_name>.log.
-    Python runs with -P, this labkit first on its path: a folder named `labkit` where the
-    sweep runs (the one that holds the checkout) must not stand in for the package."""
     out = Path(s.cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     spec = out / f".{s.cfg.run_name}.config.json"
     spec.write_text(json.dumps(s.cfg.to_dict(), indent=1))
-    cmd = ["launch-config", str(spec), *(["--resume", resume_dir] if resume_dir else [])]
     log = open(out / f"{s.cfg.run_name}.log", "ab")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **_package_path(), **_allocator(s.cfg)}
-    return subprocess.Popen([*_python(), "-m", "labkit", *cmd], stdout=log, stderr=subprocess.STDOUT,
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **_package_path(), **_allocator(s.cfg),
+           **device_env(gpu)}
+    return subprocess.Popen(_command(spec, resume_dir), stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env, start_new_session=True,
                             preexec_fn=_stop_with_parent)
+
+
+def _command(spec: Path, resume_dir: str | None) -> list[str]:
+    """`python -m labkit launch-config SPEC [--resume DIR]`. Python runs with -P, this labkit
+    first on its path: a folder named `labkit` where the sweep runs (the one that holds the
+    checkout) must not stand in for the package."""
+    return [*_python(), "-m", "labkit", "launch-config", str(spec),
+            *(["--resume", resume_dir] if resume_dir else [])]
 
 
 def _allocator(cfg: RunConfig) -> dict:
@@ -471,33 +455,62 @@ def _stop_with_parent() -> None:
         pass
 
 
-def _wait(slots: list[_Slot], stops: list[int]) -> None:
-    """Show every run's progress until all have ended; a stop goes to each run once (the
-    second interrupts their steps, the third kills them). Should the wait itself fail, the
-    runs are stopped after their step, not left running unseen."""
-    board = _Board(slots)
+def _wait(todo: list[_Slot], plan, stops: list[int]) -> None:
+    """Start the runs as the plan seats them, each waiting one when a run ends; show every
+    run's progress until all have ended. A stop starts no further run and goes to each
+    running one once (the second interrupts their steps, the third kills them). Should the
+    wait itself fail, the runs are stopped after their step, not left running unseen."""
+    waiting = list(todo)
+    board = _Board(todo, plan.several)
     forwarded = 0
     try:
-        while any(s.proc and s.proc.poll() is None for s in slots):
+        while True:
+            if not stops:
+                _start_seated(waiting, todo, plan)
+            if not any(_running(s) for s in todo):
+                break
             try:
                 board.refresh()
-                _sleep_until_exit(slots, 1.0)
+                _sleep_until_exit(todo, 1.0, stops)
             except KeyboardInterrupt:  # where no handler of ours was installed (not the main thread)
                 stops.append(signal.SIGINT)
             while forwarded < len(stops):
                 forwarded += 1
-                _forward(slots, signal.SIGKILL if forwarded >= 3 else signal.SIGINT)
+                _forward(todo, signal.SIGKILL if forwarded >= 3 else signal.SIGINT)
                 board.say("stopping every run after its step (stop again to interrupt now)"
                           if forwarded == 1 else "interrupting the runs now")
-        board.refresh()
+        board.refresh(ended=True)
     except BaseException:
-        _forward(slots, signal.SIGINT)
+        _forward(todo, signal.SIGINT)
         raise
     finally:
         board.close()
-    for s in slots:
+    for s in todo:
         if s.proc is not None:
             _said_how_it_ended(s)
+
+
+def _start_seated(waiting: list[_Slot], todo: list[_Slot], plan) -> None:
+    """Start waiting runs, in order, while the plan has a free seat for one."""
+    from collections import Counter
+
+    while waiting:
+        gpu = plan.seat(Counter(s.gpu for s in todo if _running(s)))
+        if gpu is None:
+            return
+        s = waiting.pop(0)
+        if s.resume_dir is None:
+            s.cfg = plan.settings(s.cfg, gpu)
+        s.gpu = gpu.id
+        try:
+            s.proc = _start(s, s.resume_dir, gpu.id)
+            s.outcome = "running"
+        except OSError as e:  # no process for this run (a full disk, too many processes)
+            s.fail(f"could not start its process ({e.strerror or e})")
+
+
+def _running(s: _Slot) -> bool:
+    return s.proc is not None and s.proc.poll() is None
 
 
 def _forward(slots: list[_Slot], sig: int) -> None:
@@ -523,14 +536,15 @@ def _said_how_it_ended(s: _Slot) -> None:
     s.fail(why)
 
 
-def _sleep_until_exit(slots, seconds: float) -> None:
-    """Wait up to `seconds`, returning early when a run's process exits."""
+def _sleep_until_exit(slots, seconds: float, stops: list[int]) -> None:
+    """Wait up to `seconds`, returning early when a run's process exits (its seat is free)
+    or a stop comes."""
     live = [s.proc for s in slots if s.proc and s.proc.poll() is None]
-    if live:
-        try:
-            live[0].wait(timeout=seconds)
-        except subprocess.TimeoutExpired:
-            pass
+    end, stopped = time.monotonic() + seconds, len(stops)
+    while live and time.monotonic() < end and len(stops) == stopped:
+        if any(p.poll() is not None for p in live):
+            return
+        time.sleep(0.05)
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -546,19 +560,33 @@ def _last_line(path: Path) -> str:
 
 
 class _Board:
-    """One progress bar per run, fed by the runs' metrics files (steps and last reward)."""
+    """One progress bar per run, fed by the runs' metrics files (steps and last reward); a
+    run waiting for a GPU says so, and on several GPUs each bar names its run's."""
 
-    def __init__(self, slots):
+    def __init__(self, slots, name_gpus: bool = False):
         from tqdm.auto import tqdm
 
-        self.slots = [s for s in slots if s.proc is not None]
-        width = max((len(s.cfg.run_name) for s in self.slots), default=0)
-        self.bars = [tqdm(total=s.cfg.num_rollout, desc=s.cfg.run_name.ljust(width), unit="step",
+        self.slots, self.name_gpus = list(slots), name_gpus
+        self.width = max((len(s.cfg.run_name) for s in self.slots), default=0)
+        self.bars = [tqdm(total=s.cfg.num_rollout, desc=self._label(s), unit="step",
                           position=i, leave=True, dynamic_ncols=True)
                      for i, s in enumerate(self.slots)]
 
-    def refresh(self) -> None:
+    def _label(self, s: _Slot) -> str:
+        if not self.name_gpus:
+            return s.cfg.run_name.ljust(self.width)
+        return f"{s.cfg.run_name.ljust(self.width)} GPU {s.gpu if s.gpu is not None else '-'}"
+
+    def refresh(self, ended: bool = False) -> None:
+        """Each bar as its run stands; `ended`: the sweep is over (a run still waiting then
+        was not started)."""
         for s, bar in zip(self.slots, self.bars):
+            if bar.desc != self._label(s):
+                bar.set_description_str(self._label(s), refresh=False)
+            if s.proc is None:
+                bar.set_postfix_str("failed to start" if s.outcome.startswith("failed")
+                                    else "not started" if ended else "waiting for a GPU")
+                continue
             rows, _ = read_jsonl(s.dir / METRICS)
             if len(rows) > bar.n:
                 bar.update(len(rows) - bar.n)

@@ -265,6 +265,24 @@ def test_a_sweep_splits_numbers_and_choices_never_paths(tmp_path, tiny_model_dir
     assert len({c.run_name for c in started}) == 8
 
 
+def test_sweep_gpus_reach_the_sweep_and_a_bad_list_is_one_line(tmp_path, tiny_model_dir, monkeypatch,
+                                                               capsys):
+    import labkit.sweep
+
+    asked = []
+    monkeypatch.setattr(labkit.sweep, "run_sweep", lambda configs, **kw: asked.append(kw["gpus"]) or [])
+    flags = [*tiny_flags(tiny_model_dir, tmp_path / "runs"), "--seed", "1,2"]
+    assert main(["sweep", *flags, "--gpus", "1,3"]) == 0
+    assert main(["sweep", "--gpus=0", *flags]) == 0
+    assert main(["sweep", *flags]) == 0  # none given: the sweep reads LABKIT_GPUS, else takes all
+    assert asked == [["1", "3"], ["0"], None]
+    capsys.readouterr()
+    assert main(["sweep", *flags, "--gpus", "0,0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "labkit sweep: --gpus 0,0: GPU 0 is listed twice; list each GPU once"]
+    assert main(["sweep", "--help"]) == 0 and "--gpus 0,1" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("lists, said", [
     (["--seed", "1,1"], "--seed 1,1: 1 is listed twice; list each value once"),
     (["--lr", "1e-3,0.001"], "--lr 1e-3,0.001: 0.001 is listed twice (the same value as 1e-3)"),

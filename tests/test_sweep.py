@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import memory, sweep
+from labkit import memory, placement, sweep
 from labkit.config import ConfigError
 from labkit.runlog import RunLogError, read_jsonl
 
@@ -191,6 +191,7 @@ QWEN05 = memory.ModelShape(params=494_032_768, vocab=151_936, layers=24, hidden=
 
 def test_runs_that_do_not_fit_are_refused_before_anything_starts(tiny_cfg, monkeypatch):
     monkeypatch.setattr(sweep, "_on_gpu", lambda cfg: True)
+    monkeypatch.setattr(memory, "gpu_count", lambda: 1)
     monkeypatch.setattr(memory, "gpu_free_gib", lambda index=0: 60.0)
     monkeypatch.setattr(memory.ModelShape, "of", classmethod(lambda cls, path: QWEN05))
     monkeypatch.setattr("labkit.models.resolve_model", lambda model: model)
@@ -207,11 +208,11 @@ def test_runs_that_do_not_fit_are_refused_before_anything_starts(tiny_cfg, monke
 
 def test_the_default_token_budget_is_fitted_to_the_share_of_the_gpu(tiny_cfg):
     cfg = tiny_cfg.replace(max_tokens_per_gpu=12288, gradient_checkpointing=False)
-    shared = sweep._shared_gpu(cfg, QWEN05, runs=4, free=139.0)
+    shared = placement.shared_gpu(cfg, QWEN05, runs=4, free=139.0)
     assert shared.rollout_kv_cache_gb == memory.DEFAULT_KV_CACHE_GIB and not shared.rollout_sleep
     assert 0 < shared.max_tokens_per_gpu < 12288
     assert sum(memory.run_memory(shared, QWEN05).total for _ in range(4)) <= 139.0 * memory.HEADROOM
-    mine = sweep._shared_gpu(cfg.replace(max_tokens_per_gpu=4096), QWEN05, runs=4, free=139.0)
+    mine = placement.shared_gpu(cfg.replace(max_tokens_per_gpu=4096), QWEN05, runs=4, free=139.0)
     assert mine.max_tokens_per_gpu == 4096  # a budget the user chose is kept (and checked)
     assert memory.fit_max_tokens(cfg, QWEN05, 1, 139.0) > memory.fit_max_tokens(cfg, QWEN05, 4, 139.0)
 

@@ -1,0 +1,301 @@
+"""labkit.placement: a sweep's runs on every GPU, as many on each as its free memory holds.
+
+The machine is simulated: the driver's answers (how many GPUs, each one's free GiB) are
+monkeypatched, and a run's process is a fake child (FAKE_RUN) that writes its run folder,
+says where it started (the GPU its CUDA_VISIBLE_DEVICES names) and ends when the test
+writes `end` in its folder, or on the sweep's SIGINT. Every wait is for an event, with a
+deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from labkit import memory, placement, sweep
+from labkit.config import ConfigError
+
+QWEN05 = memory.ModelShape(params=494_032_768, vocab=151_936, layers=24, hidden=896)
+# What a GPU with this much free holds of the tiny config's runs, sized as the recipe's model
+# (each run: 27.2 GiB checkpointed at 24,576 tokens; 53.5 plain): 68 GiB two, 40 GiB one,
+# 10 GiB none. test_what_a_gpu_holds checks these against the plan.
+HOLDS_TWO, HOLDS_ONE, HOLDS_NONE = 68.0, 40.0, 10.0
+DEADLINE_S = 600.0  # a bound for a broken test, not the expected time
+
+FAKE_RUN = '''
+import json, os, signal, sys, time
+from pathlib import Path
+
+spec = Path(sys.argv[1])
+cfg = json.loads(spec.read_text())
+spec.unlink()
+run = Path(cfg["output_dir"]) / cfg["run_name"]
+run.mkdir(parents=True, exist_ok=True)
+(run / "config.json").write_text(json.dumps(cfg))
+stopped = []
+signal.signal(signal.SIGINT, lambda *a: stopped.append(1))
+start = {"run": cfg["run_name"], "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
+         "order": os.environ.get("CUDA_DEVICE_ORDER"), "resume": (sys.argv[2:] or [None])[0]}
+with open(Path(cfg["output_dir"]) / "starts.jsonl", "a") as f:
+    f.write(json.dumps(start) + "\\n")
+end = time.monotonic() + 600
+while not stopped and not (run / "end").exists() and time.monotonic() < end:
+    time.sleep(0.02)
+how = "signal" if stopped else (run / "end").read_text() if (run / "end").exists() else "error"
+if how == "fail":
+    print("ValueError: a made-up failure")
+    sys.exit(1)
+status = {"reason": how, "last_step": -1, "message": "", "signal": "SIGINT" if stopped else None}
+(run / "status.json").write_text(json.dumps(status))
+sys.exit(130 if stopped else 0)
+'''
+
+
+@pytest.fixture()
+def machine(monkeypatch):
+    """machine(free, ...): a machine whose GPUs have that many GiB free (None: unreadable),
+    runs that use vLLM on them, the recipe model's shape; returns the GPUs asked about."""
+    asked = []
+
+    def make(*free):
+        monkeypatch.setattr(memory, "gpu_count", lambda: len(free))
+        monkeypatch.setattr(memory, "gpu_free_gib",
+                            lambda index=0: asked.append(str(index)) or free[int(index)])
+        return asked
+
+    for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", placement.ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sweep, "_on_gpu", lambda cfg: True)
+    monkeypatch.setattr(memory.ModelShape, "of", classmethod(lambda cls, path: QWEN05))
+    return make
+
+
+@pytest.fixture()
+def fake_runs(tmp_path, monkeypatch):
+    """Each run's process is FAKE_RUN; returns the file that lists where each one started."""
+    script = tmp_path / "fake_run.py"
+    script.write_text(FAKE_RUN)
+    monkeypatch.setattr(sweep, "_command", lambda spec, resume_dir: [
+        sys.executable, str(script), str(spec), *([resume_dir] if resume_dir else [])])
+    return tmp_path / "runs" / "starts.jsonl"
+
+
+def _starts(path: Path) -> list[dict]:
+    """Where each run started, in order (a line still being written is not read yet)."""
+    lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+    return [json.loads(x) for x in lines if x.endswith("\n")]
+
+
+def _wait_for_starts(path: Path, n: int) -> list[dict]:
+    end = time.monotonic() + DEADLINE_S
+    while len(_starts(path)) < n:
+        if time.monotonic() > end:
+            raise AssertionError(f"{n} runs started: not within {DEADLINE_S:.0f} s "
+                                 f"({len(_starts(path))} did)")
+        time.sleep(0.02)
+    return _starts(path)
+
+
+def _end(cfg, name: str, how: str = "completed") -> None:
+    """Tell the fake run `name` to end `how` (whole, so that it never reads the file half written)."""
+    _say(Path(cfg.output_dir) / name / "end", how)
+
+
+def _say(path: Path, text: str) -> None:
+    path.with_suffix(".tmp").write_text(text)
+    path.with_suffix(".tmp").replace(path)
+
+
+def _driven(script, let_go):
+    """Run `script` in a thread beside the sweep; should it fail (a deadline), note why and
+    let every run go (`let_go`), so that the test fails rather than hangs."""
+    failed = []
+
+    def body():
+        try:
+            script()
+        except Exception as e:  # noqa: BLE001 - said by the test's assertion
+            failed.append(f"{e.__class__.__name__}: {e}")
+            let_go()
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread, failed
+
+
+def _configs(tiny_cfg, n: int):
+    return [tiny_cfg.replace(run_name=f"r{i}") for i in range(n)]
+
+
+# ----------------------------------------------------------------------------- the plan
+def test_what_a_gpu_holds(tiny_cfg, machine):
+    machine(HOLDS_TWO, HOLDS_ONE, HOLDS_NONE)
+    fresh = _configs(tiny_cfg, 6)
+    holds = [placement._holds(fresh, [], QWEN05, f, 6) for f in (HOLDS_TWO, HOLDS_ONE, HOLDS_NONE)]
+    assert holds == [2, 1, 0]
+    # Runs can wait on several GPUs: no more at once for a smaller token budget. Six would
+    # fit on 139 GiB at a smaller budget (and do on one GPU, where none waits); five keep it.
+    six = placement.shared_gpu(fresh[0], QWEN05, 6, 139.0)
+    assert memory.fits(six, QWEN05, 6, 139.0) and six.max_tokens_per_gpu < fresh[0].max_tokens_per_gpu
+    assert placement._holds(fresh, [], QWEN05, 139.0, 6) == 5
+    assert placement._holds(fresh, [], QWEN05, 24.0, 6) == 1  # one alone: a smaller budget, then
+    assert placement.share_out(6, [2, 2]) == [2, 2]
+    assert placement.share_out(4, [4, 4]) == [2, 2]  # evenly: each run gets more memory
+    assert placement.share_out(4, [1, 4]) == [1, 3]
+
+
+def test_one_gpu_takes_every_run_at_once_as_before(tiny_cfg, machine, capsys):
+    asked = machine(139.0)
+    plan = placement.plan(_configs(tiny_cfg, 4), [])
+    assert [(g.id, g.seats) for g in plan.gpus] == [("0", 4)] and asked == ["0"]
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith(
+        "labkit: 4 runs share the GPU (139 GiB free): each with gradient checkpointing, "
+        "24,576 tokens a micro-batch, a KV cache of 8 GiB; planned 27.2 GiB")
+
+
+def test_gpus_limits_the_gpus_the_runs_use(tiny_cfg, machine, monkeypatch, capsys):
+    asked = machine(139.0, 139.0, 139.0, 139.0)
+    plan = placement.plan(_configs(tiny_cfg, 4), [], placement.requested([1, 3]))
+    assert [(g.id, g.seats) for g in plan.gpus] == [("1", 2), ("3", 2)] and asked == ["1", "3"]
+    assert "4 runs on GPUs 1, 3: 4 at once" in capsys.readouterr().out
+    monkeypatch.setenv(placement.ENV, "2")  # one GPU: the one-GPU plan, on GPU 2
+    plan = placement.plan(_configs(tiny_cfg, 4), [], placement.requested())
+    assert [(g.id, g.seats) for g in plan.gpus] == [("2", 4)]
+    assert capsys.readouterr().out.startswith("labkit: 4 runs share the GPU (139 GiB free)")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,3")  # what the user's environment allows
+    assert placement.gpu_ids(None) == ["0", "3"]
+    assert placement.gpu_ids(["1"]) == ["1"]  # --gpus says, in nvidia-smi's numbers
+
+
+@pytest.mark.parametrize("value, said", [
+    ("0,0", "gpus 0,0: GPU 0 is listed twice; list each GPU once"),
+    ("0,", "gpus '0,': list GPU numbers (as nvidia-smi numbers them) between commas"),
+    ([-1], "gpus '-1': list GPU numbers"),
+    ("7", "GPU 7 is not on this machine (its GPUs are 0-1, as nvidia-smi numbers them)"),
+])
+def test_gpus_that_cannot_be_used_are_one_line(tiny_cfg, machine, value, said):
+    machine(139.0, 139.0)
+    with pytest.raises(ConfigError) as e:
+        placement.gpu_ids(placement.requested(value))
+    assert said in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_gpu_another_program_fills_is_skipped_in_one_line(tiny_cfg, machine, capsys):
+    machine(HOLDS_NONE, 139.0)
+    plan = placement.plan(_configs(tiny_cfg, 3), [])
+    assert [(g.id, g.seats) for g in plan.gpus] == [("1", 3)]
+    captured = capsys.readouterr()
+    # the least a run takes: checkpointed at the default budget (none smaller fits either)
+    assert captured.err.strip() == "labkit: GPU 0 is skipped: 10.0 GiB free, and one run needs 24.4 GiB"
+    assert "labkit: 3 runs on GPU 1: 3 at once" in captured.out
+
+
+def test_unreadable_free_memory_shares_the_runs_out_without_the_check(tiny_cfg, machine, capsys):
+    machine(None, None)
+    plan = placement.plan(_configs(tiny_cfg, 5), [])
+    assert [(g.id, g.seats) for g in plan.gpus] == [("0", 3), ("1", 3)]
+    assert "could not be read; the runs are shared out over GPUs 0, 1 without the check" in \
+        capsys.readouterr().err
+
+
+def test_nothing_starts_when_no_gpu_holds_one_run(tiny_cfg, machine, monkeypatch):
+    machine(HOLDS_NONE, 12.0)
+    started = []
+    monkeypatch.setattr(sweep, "_start", lambda *a: started.append(a))
+    with pytest.raises(memory.GPUMemoryError) as e:
+        sweep.launch_many(_configs(tiny_cfg, 3))
+    message = str(e.value)
+    assert message.startswith("no GPU can hold one run: one needs 24.4 GiB") and "\n" not in message
+    assert "the most free is 12.0 GiB (GPU 1; 95% usable)" in message
+    assert message.endswith("nothing was started")
+    assert started == [] and not Path(tiny_cfg.output_dir).exists()
+
+
+# ----------------------------------------------------------------------------- the runs
+def test_runs_go_to_every_gpu_and_the_rest_wait_for_a_place(tiny_cfg, machine, fake_runs, capsys):
+    """6 runs, 2 GPUs that hold 2 each: 4 start, spread over both; a run that fails frees
+    its place for the next waiting run, as does one that completes."""
+    machine(HOLDS_TWO, HOLDS_TWO)
+    cfgs = _configs(tiny_cfg, 6)
+    seen = {}
+
+    def script():
+        seen["first"] = _wait_for_starts(fake_runs, 4)
+        seen["waiting"] = [c.run_name for c in cfgs if (Path(c.output_dir) / c.run_name).exists()]
+        _end(tiny_cfg, "r1", "fail")
+        seen["fifth"] = _wait_for_starts(fake_runs, 5)[4]
+        _end(tiny_cfg, "r0")
+        seen["sixth"] = _wait_for_starts(fake_runs, 6)[5]
+        for name in ("r2", "r3", "r4", "r5"):
+            _end(tiny_cfg, name)
+
+    thread, failed = _driven(script, lambda: [_end(tiny_cfg, c.run_name) for c in cfgs
+                                             if (Path(c.output_dir) / c.run_name).exists()])
+    slots = sweep.run_sweep(cfgs)
+    thread.join(timeout=60)
+    assert not failed, failed
+    assert sorted((s["run"], s["gpu"], s["order"]) for s in seen["first"]) == [
+        ("r0", "0", "PCI_BUS_ID"), ("r1", "1", "PCI_BUS_ID"),
+        ("r2", "0", "PCI_BUS_ID"), ("r3", "1", "PCI_BUS_ID")]
+    assert seen["waiting"] == ["r0", "r1", "r2", "r3"]  # r4 and r5 not started yet
+    assert (seen["fifth"]["run"], seen["fifth"]["gpu"]) == ("r4", "1")  # r1's place
+    assert (seen["sixth"]["run"], seen["sixth"]["gpu"]) == ("r5", "0")  # r0's place
+    assert [s.outcome.split(":")[0] for s in slots] == ["completed", "failed", *["completed"] * 4]
+    assert [s.gpu for s in slots] == ["0", "1", "0", "1", "1", "0"]
+    captured = capsys.readouterr()
+    assert "labkit: 6 runs on GPUs 0, 1: 4 at once, 2 wait for a place" in captured.out
+    assert "labkit: GPUs 0, 1 (each): 2 runs share the GPU (68 GiB free)" in captured.out
+    assert ("6 runs: 5 completed (r0 on GPU 0, r2 on GPU 0, r3 on GPU 1, r4 on GPU 1, r5 on "
+            "GPU 0); 1 failed (r1 on GPU 1 (ValueError: a made-up failure))") in captured.out
+    assert "run r1 failed: ValueError: a made-up failure" in captured.err
+
+
+def test_a_stop_starts_no_waiting_run_and_resume_goes_on_on_any_gpu(tiny_cfg, machine, fake_runs,
+                                                                      capsys):
+    """4 runs, 2 GPUs that hold 1 each: a stop while 2 wait stops the 2 running and starts
+    neither waiting one. Resumed with GPU 0 full (another program took it), all four go to
+    GPU 1: the stopped two continue their folders there, the other two start."""
+    machine(HOLDS_ONE, HOLDS_ONE)
+    cfgs = _configs(tiny_cfg, 4)
+    folders = [Path(c.output_dir) / c.run_name for c in cfgs]
+
+    def stop():
+        _wait_for_starts(fake_runs, 2)
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C on the sweep
+
+    thread, failed = _driven(stop, lambda: [_say(f / "end", "completed") for f in folders if f.exists()])
+    slots = sweep.run_sweep(cfgs)
+    thread.join(timeout=60)
+    assert not failed, failed
+    assert [(s.outcome, s.gpu) for s in slots] == [("stopped", "0"), ("stopped", "1"),
+                                                   ("not started", None), ("not started", None)]
+    assert sweep.sweep_exit_code(slots) == 130
+    assert len(_starts(fake_runs)) == 2 and not folders[2].exists() and not folders[3].exists()
+    assert "2 stopped (r0 on GPU 0, r1 on GPU 1); 2 not started (r2, r3)" in capsys.readouterr().out
+
+    machine(HOLDS_NONE, 139.0)
+
+    def finish():
+        for start in _wait_for_starts(fake_runs, 6)[2:]:
+            _end(tiny_cfg, start["run"])
+
+    thread, failed = _driven(finish, lambda: [_say(f / "end", "completed") for f in folders if f.exists()])
+    slots = sweep.run_sweep(cfgs, resume=True)
+    thread.join(timeout=60)
+    assert not failed, failed
+    again = {s["run"]: (s["gpu"], s["resume"]) for s in _starts(fake_runs)[2:]}
+    assert again == {"r0": ("1", str(folders[0])), "r1": ("1", str(folders[1])),
+                     "r2": ("1", None), "r3": ("1", None)}
+    assert [s.outcome for s in slots] == ["completed"] * 4
+    captured = capsys.readouterr()
+    # the resumed runs keep the settings they had (27.2 GiB): the most one run needs
+    assert "labkit: GPU 0 is skipped: 10.0 GiB free, and one run needs 27.2 GiB" in captured.err
+    assert "4 runs: 4 completed (r0, r1, r2, r3)" in captured.out  # one GPU used: none named
