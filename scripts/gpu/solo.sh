@@ -24,6 +24,8 @@
 #   alone_lean      one run alone as a shared run is set: checkpointed at 24,576 tokens, a fixed
 #                   8 GiB KV cache, no sleep mode (its whole-GPU memory is what one run needs)
 #   alone24         one run alone, plain update at 24,576 tokens a micro-batch
+#   lessons         the three lessons in a Jupyter kernel each (scripts/gpu/lessons.py), the gpu
+#                   profile, lesson 1.3's rerun cell stopped once and run again
 # session.sh starts it detached (setsid) so it outlives the 10-minute calls; logs go to
 # $SOLO/logs, run folders to $SOLO/runs; `session.sh collect` brings them back.
 #   GPU=0 SOLO=$HOME/solo M=model.gguf D=gsm8k-folder R=$HOME/runs bash scripts/gpu/solo.sh
@@ -95,6 +97,8 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       bash scripts/gpu/update_side_by_side.sh ;;
     alone) job alone 300 python -m labkit launch "${SHORT[@]}" --seed 21 --model "$M" --data "$D" \
       --output-dir "$SOLO/runs" --run-name alone ;;
+    lessons) job lessons 1700 env LABKIT_PROFILE=gpu LABKIT_MODEL="$M" LABKIT_DATA="$D" \
+      python scripts/gpu/lessons.py --out "$L/lessons" --stop-after "${LESSON_STOP_AFTER:-120}" ;;
     alone_lean) job alone_lean 300 python -m labkit launch "${SHORT[@]}" --seed 21 --model "$M" --data "$D" \
       --output-dir "$SOLO/runs" --run-name alone-lean --gradient-checkpointing --max-tokens-per-gpu 24576 \
       --rollout-kv-cache-gb 8 --no-rollout-sleep ;;
