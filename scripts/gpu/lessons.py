@@ -20,7 +20,9 @@ fastjsonschema==2.22.3 jedi==0.20.1 parso==0.8.7 prompt_toolkit==3.0.53 stack-da
 executing==2.3.0 asttokens==3.0.2 pure_eval==0.2.4 pexpect==4.9.0 ptyprocess==0.7.0
 wcwidth==0.9.4 platformdirs==4.14.9 ipython_pygments_lexers==1.1.1 ipywidgets==8.1.9
 widgetsnbextension==4.0.16 jupyterlab_widgets==3.0.17 (pyzmq, jsonschema, referencing and
-rpds-py come with vLLM's).
+rpds-py come with vLLM's). The lessons read data/ (our runs, the incident) and the runner
+copies notebooks/ beside it: with those in the working tree (about 20 MB), prepare the
+chunks smaller (CHUNK=38M) so that every call stays within what one carries.
 """
 
 from __future__ import annotations

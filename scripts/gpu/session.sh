@@ -34,7 +34,7 @@ PY
   echo "dequantize: $(( $(date +%s) - T0 )) s" >> "$OUT/logs/versions.txt"
   NG=$(python -c "import torch; print(torch.cuda.device_count())")
   # the runs use a frozen copy of the code: later calls re-send the working tree
-  F=$HOME/frozen && rm -rf "$F" && mkdir -p "$F" && cp -r labkit benchmarks scripts data "$F"/
+  F=$HOME/frozen && rm -rf "$F" && mkdir -p "$F" && cp -r labkit benchmarks scripts data $([ -d notebooks ] && echo notebooks) "$F"/
   D=$(realpath "$D")
   export PYTHONPATH=$F${PYTHONPATH:+:$PYTHONPATH}  # the frozen labkit first, for every job
   ( cd "$F" && GPU=0 SOLO=$SOLO M=$M D=$D R=$R QUEUES=${QUEUES:-2} JOBS=${JOBS:-} \
