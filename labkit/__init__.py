@@ -11,7 +11,7 @@
 __version__ = "0.1.0"
 
 from labkit.config import ConfigError, RunConfig  # noqa: E402
-from labkit.runlog import Run  # noqa: E402
+from labkit.run.log import Run  # noqa: E402
 
 
 def launch(config: RunConfig, *, resume=None) -> Run:

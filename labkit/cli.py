@@ -452,7 +452,7 @@ def launch_config(a: argparse.Namespace) -> int:
 
 def _resume(run_dir: str, rest: list[str]) -> int:
     """Continue a run folder with its own config (flags may only change bookkeeping)."""
-    from labkit.runlog import RunLogError, saved_config
+    from labkit.run.log import RunLogError, saved_config
     from labkit.trainer import train
 
     if not (Path(run_dir) / "config.json").is_file():
@@ -468,8 +468,8 @@ def _resume(run_dir: str, rest: list[str]) -> int:
 
 def _ended(run) -> int:
     """Where the log is, and the exit code a queue reads: 0 completed, 124 time limit,
-    128 + signal, 1 error (labkit.stopping.exit_code)."""
-    from labkit.stopping import exit_code
+    128 + signal, 1 error (labkit.run.stopping.exit_code)."""
+    from labkit.run.stopping import exit_code
 
     log = run.dir / "metrics.jsonl"
     print(f"run log: {log}" if log.exists() else

@@ -7,7 +7,7 @@ that is not a model, a run folder in use, engines that stopped answering) is a
 notebook the same errors raise with the same message. Anything else that escapes is a bug
 in labkit, and keeps its traceback.
 
-Exit codes of `labkit launch` (labkit.stopping adds those of a run that stopped early):
+Exit codes of `labkit launch` (labkit.run.stopping adds those of a run that stopped early):
 2 refused input (config, data, model, run folder), 1 the run failed (engines, a bug).
 """
 

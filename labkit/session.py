@@ -35,8 +35,8 @@ from labkit.models import (
     stop_token_ids,
 )
 from labkit.reward import load_reward
-from labkit.runlog import RunLog
-from labkit.stopping import StopController
+from labkit.run.log import RunLog
+from labkit.run.stopping import StopController
 
 
 @dataclass

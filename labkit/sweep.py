@@ -45,7 +45,7 @@ from typing import Sequence
 from labkit.config import ConfigError, RunConfig
 from labkit.errors import LabkitError, RunLogError, one_line
 from labkit.placement import SHARED_GPU_FIELDS
-from labkit.runlog import (CONFIG, METRICS, RESUMABLE, Run, RunLog, config_mismatches,
+from labkit.run.log import (CONFIG, METRICS, RESUMABLE, Run, RunLog, config_mismatches,
                            default_run_name, read_jsonl, saved_config)
 
 STOPPED = ("signal", "requested")  # a run's status reasons that end a sweep (a stop)
@@ -72,7 +72,7 @@ class _Slot:
     cfg: RunConfig
     proc: subprocess.Popen | None = None
     outcome: str = "not started"  # completed, stopped, time limit, failed: <why>, not started
-    code: int = 0  # what `labkit sweep` exits with for this run (labkit.stopping.exit_code)
+    code: int = 0  # what `labkit sweep` exits with for this run (labkit.run.stopping.exit_code)
     resume_dir: str | None = None  # the folder this run continues (resume=True)
     gpu: str | None = None  # the GPU its process saw (CUDA_VISIBLE_DEVICES), once started
     extra: dict = field(default_factory=dict)
@@ -91,7 +91,7 @@ class _Slot:
 
     def ended(self, status: dict | None) -> None:
         """The outcome and exit code from the status this sweep's run wrote."""
-        from labkit.stopping import exit_code
+        from labkit.run.stopping import exit_code
 
         reason = (status or {}).get("reason")
         self.code = exit_code(status)
@@ -261,7 +261,7 @@ def _plan_one(s: _Slot, hints: Hints) -> None:
 
 
 def _checkpoint_after(run_dir: Path, step: int) -> bool:
-    from labkit.checkpoint import latest_checkpoint
+    from labkit.run.checkpoint import latest_checkpoint
 
     try:
         found = latest_checkpoint(run_dir)
@@ -322,7 +322,7 @@ def _stops_caught():
 def _one_after_another(slots: list[_Slot], stops: list[int]) -> None:
     """Each run in this process in turn; a stop ends the sweep after the run it stopped (also
     one that came in a run's last step, which the run then completes)."""
-    from labkit.stopping import StopController
+    from labkit.run.stopping import StopController
     from labkit.trainer import CHECKPOINT_RESERVE_S, train
 
     for s in slots:
@@ -350,7 +350,7 @@ def _one_after_another(slots: list[_Slot], stops: list[int]) -> None:
 def _interrupted(s: _Slot) -> None:
     """The outcome of a run a KeyboardInterrupt ended: stopped (not started when it left no
     folder), with the code of the signal its status names (130, SIGINT, when none)."""
-    from labkit.stopping import exit_code
+    from labkit.run.stopping import exit_code
 
     run = s.run()
     status = (run.status if run else None) or {}

@@ -11,7 +11,8 @@ import pytest
 
 from fixtures_runs import CLEAN_N4, write_course_runs
 from public_faces import assert_reexports, names_used_in_notebooks
-from labkit import analysis, metrics
+from labkit import analysis
+from labkit.run import metrics
 from labkit.analysis import plots
 from labkit.analysis import costs, gains, heldout, runframe, table
 

@@ -695,7 +695,7 @@ def test_the_gpu_profile_takes_local_copies_and_the_miles_script_names_the_hub_m
 
 
 def test_checkpoints_lists_the_run_folders_that_keep_one(tmp_path, tiny_cfg):
-    from labkit.stopping import StopController
+    from labkit.run.stopping import StopController
 
     stopper = StopController(None)
     original = stopper.record_step

@@ -23,7 +23,7 @@ import pytest
 import torch
 from aiohttp import web
 
-from labkit.checkpoint import latest_checkpoint
+from labkit.run.checkpoint import latest_checkpoint
 from labkit.serving.client import RouterUnavailable
 from labkit.config import ConfigError, RunConfig, config_from_args
 from labkit.engines.http import HttpEngine
@@ -31,8 +31,8 @@ from labkit.engines.weight_sync import (
     STALE_SYNC_AGE_S, SYNC_FOLDER_PREFIX, WeightSyncFailed, make_sync_folder,
     remove_stale_sync_folders, sync_weights, write_weights,
 )
-from labkit.metrics import METRICS
-from labkit.runlog import RunLogError, open_run_folder
+from labkit.run.metrics import METRICS
+from labkit.run.log import RunLogError, open_run_folder
 from labkit.serving.processes import find_free_base_port
 from labkit.serving.cluster import Cluster, ServeConfig
 from labkit.trainer import train

@@ -30,7 +30,7 @@ from labkit.analysis.gains import (EARLY, LATE, REFERENCE, SETTINGS, Verdict, bo
 from labkit.analysis.heldout import group_heldout, heldout_gains, heldout_verdict, read_evaluations
 from labkit.analysis.plots import (heldout_plot, plot_all, response_length_curve, reward_curve,
                                    rollout_time_curve, save_figure, zero_std_curve)
-from labkit.metrics import STEP
+from labkit.run.metrics import STEP
 from labkit.analysis.runframe import (CONFIG_COLUMNS, CONSTRUCTED, HEAT_CLEAN, METRIC_FALLBACK,
                                       MILES_INFO, MILES_LOG, RESPONSE_LEN, REWARD, RIGHT,
                                       ROLLOUT_TIME, TOKENS, ZERO_STD, AnalysisError, PathLike,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from labkit.metrics import STEP
+from labkit.run.metrics import STEP
 from labkit.analysis.runframe import (REWARD, RIGHT, AnalysisError, Runs, as_runs,
                                       is_constructed, steps_text)
 

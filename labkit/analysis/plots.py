@@ -43,7 +43,7 @@ from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
 from labkit.analysis.costs import common_clean_steps, run_costs  # noqa: E402
 from labkit.analysis.gains import EARLY, LATE  # noqa: E402
-from labkit.metrics import STEP  # noqa: E402
+from labkit.run.metrics import STEP  # noqa: E402
 from labkit.analysis.runframe import (  # noqa: E402
     RESPONSE_LEN, REWARD, ROLLOUT_TIME, ZERO_STD, Runs, as_runs, is_constructed, metric_values)
 

@@ -21,7 +21,7 @@ from labkit.analysis.gains import (EARLY, LATE, REFERENCE, check_window, group_g
                                    inside_one_range, refuse_mixed_settings, run_gains,
                                    shared_seeds)
 from labkit.analysis.heldout import group_heldout, heldout_verdict
-from labkit.metrics import STEP
+from labkit.run.metrics import STEP
 from labkit.analysis.runframe import AnalysisError, Runs, as_runs
 
 

@@ -8,7 +8,7 @@ log lines, each `logger.info(f"{kind} {id}: {log_dict}")`, as radixark/miles mai
 `step N` from `miles/backends/training_utils/log_utils.py` (d0e8e7c6444c); the trainer's
 `perf N` from `miles/utils/train_metric_utils.py` (d0e8e7c6444c). The dicts are parsed as
 literals, never evaluated. Where miles' names or meanings differ from labkit's, the table
-in labkit.metrics' docstring says how, and `to_labkit_metrics` follows it.
+in labkit.run.metrics' docstring says how, and `to_labkit_metrics` follows it.
 
 miles has no heat guard, so its steps carry `heat/clean` = NaN (not recorded). The
 analysis treats such a run as all clean: no heat pause can have touched a step of a run
@@ -26,7 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from labkit.metrics import METRICS, STEP
+from labkit.run.metrics import METRICS, STEP
 from labkit.miles.command import EVAL_NAME, parse_train_args
 
 if TYPE_CHECKING:
@@ -204,7 +204,7 @@ def _eval_accuracy(m: dict) -> float:
 
 
 def to_labkit_metrics(step: int, m: dict, t: dict, config: dict) -> dict[str, float]:
-    """One step in labkit's metric names (labkit.metrics) from miles' rollout-side metrics
+    """One step in labkit's metric names (labkit.run.metrics) from miles' rollout-side metrics
     `m`, the step's optimizer-step means `t` and the run's config; NaN where miles logs no
     equivalent (heat/*, perf/reward_time, ...)."""
     p, n, g = (config.get(k) for k in
@@ -242,7 +242,7 @@ def read_miles_log(
     global_batch_size: Optional[int] = None, seed: Optional[int] = None,
 ) -> "pd.DataFrame":
     """miles' metrics as labkit's frame: one row per rollout step, columns in labkit's metric
-    names (all of labkit.metrics.METRICS, NaN where miles logs no equivalent), then the
+    names (all of labkit.run.metrics.METRICS, NaN where miles logs no equivalent), then the
     config columns rollout_batch_size, n_samples_per_prompt, global_batch_size, seed and
     run_name.
 

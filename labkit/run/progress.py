@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from labkit.metrics import STEP
+from labkit.run.metrics import STEP
 
 CLEAN_STOPS = ("completed", "signal", "time_limit", "requested")  # not a failure: no red bar
 

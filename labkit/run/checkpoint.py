@@ -26,8 +26,8 @@ from typing import Callable, Optional
 
 import torch
 
-from labkit.runfiles import WriteFailed, disk_full, read_json, write_json_atomic
-from labkit.runlog import CHECKPOINT, RunLogError
+from labkit.run.files import WriteFailed, disk_full, read_json, write_json_atomic
+from labkit.run.log import CHECKPOINT, RunLogError
 
 LATEST = "latest.json"
 AUTO_SAVE_S = 600.0  # default policy: a rolling checkpoint once this long has passed since the last
@@ -125,7 +125,7 @@ def _bytes(state) -> int:
 def _write_failure(folder: Path, step: int, e: Exception, need: int = 0) -> str:
     """A failed checkpoint write in words. torch says a full disk in its own words
     ("file write failed", "unexpected pos"), so a disk with less room than the checkpoint
-    needs counts as full too (labkit.runlog.disk_full)."""
+    needs counts as full too (labkit.run.log.disk_full)."""
     full, free = disk_full(e, folder, need)
     if full:
         return (f"could not write the checkpoint of step {step} to {folder}: the disk is full "
