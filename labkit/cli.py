@@ -286,7 +286,8 @@ def sweep(argv: list[str]) -> int:
     import inspect
     import shlex
 
-    from labkit import placement, sweep as sweepmod
+    from labkit import sweep as sweepmod
+    from labkit.machine import placement
 
     if "-h" in argv or "--help" in argv:
         print(inspect.cleandoc(sweep.__doc__).replace("`labkit sweep`: ", "labkit sweep: ") + "\n")

@@ -3,7 +3,7 @@
 Why: the course's central act is comparing group sizes across seeds, and one 0.5B run uses
 a fraction of an H200. `launch_many(configs)` starts the runs together on the GPUs, one
 process each (vLLM keeps one engine per process), each engine with a fixed KV cache, after
-checking that they fit in the GPUs' free memory (labkit.memory); labkit.placement says
+checking that they fit in the GPUs' free memory (labkit.machine.memory); labkit.machine.placement says
 which GPU each run goes to, and on several GPUs the runs that do not fit at once wait for
 a place. Without a GPU it runs them one after another in this process, with the same API
 and the same result: a list of Runs that labkit.analysis reads as any other.
@@ -44,7 +44,7 @@ from typing import Sequence
 
 from labkit.config import ConfigError, RunConfig
 from labkit.errors import LabkitError, RunLogError, one_line
-from labkit.placement import SHARED_GPU_FIELDS
+from labkit.machine.placement import SHARED_GPU_FIELDS
 from labkit.run.log import (CONFIG, METRICS, RESUMABLE, Run, RunLog, config_mismatches,
                            default_run_name, read_jsonl, saved_config)
 
@@ -108,7 +108,7 @@ def launch_many(configs: Sequence[RunConfig | dict], *, resume: bool = False,
     one after another otherwise); True starts a process per run whatever the machine (also
     on a CPU, where the runs then share its cores). `resume`: continue named runs (see
     above). `gpus`: the GPUs side-by-side runs may use, nvidia-smi's numbers (`[0, 1]` or
-    "0,1"); None: env LABKIT_GPUS, else every GPU this process sees (labkit.placement).
+    "0,1"); None: env LABKIT_GPUS, else every GPU this process sees (labkit.machine.placement).
     """
     slots = run_sweep(configs, resume=resume, side_by_side=side_by_side, gpus=gpus)
     return [r for r in (s.run() for s in slots) if r is not None]
@@ -118,7 +118,7 @@ def run_sweep(configs, *, resume: bool = False, side_by_side: bool | None = None
               hints: Hints = Hints(), gpus=None) -> list[_Slot]:
     """launch_many, returning each config's slot (its outcome and exit code); `hints` word
     the summary's advice for the caller (`labkit sweep` names its own flags)."""
-    from labkit import placement
+    from labkit.machine import placement
 
     wanted = placement.requested(gpus)
     slots = [_Slot(c) for c in _named(_as_configs(configs))]
@@ -372,9 +372,9 @@ def _failure_words(e: BaseException) -> str:
 
 # ----------------------------------------------------------------------------- side by side
 def _side_by_side(slots: list[_Slot], stops: list[int], wanted: list[str] | None = None) -> None:
-    """A process per run, each on the GPU the plan gives it (labkit.placement: checked
+    """A process per run, each on the GPU the plan gives it (labkit.machine.placement: checked
     against the GPUs' free memory before any starts); wait, forwarding a stop."""
-    from labkit import placement
+    from labkit.machine import placement
 
     todo = [s for s in slots if s.outcome != "completed"]
     if not todo:
@@ -393,7 +393,7 @@ def _start(s: _Slot, resume_dir: str | None, gpu: str | None = None) -> subproce
     """The run's process (_command) in a session of its own (so a terminal's Ctrl-C reaches
     only this one, which passes it on once), seeing only `gpu` (all the sweep sees for
     None), its output in <output_dir>/<run_name>.log."""
-    from labkit.placement import device_env
+    from labkit.machine.placement import device_env
 
     out = Path(s.cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)

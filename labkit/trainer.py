@@ -34,7 +34,7 @@ from labkit.config import RunConfig
 from labkit.engines.base import Completion, Engine, Sampling
 from labkit.evaluation import EvaluationStopped, evaluation_due, log_evaluation
 from labkit.grpo import compute_advantages
-from labkit.heat import HeatGuard, is_clean, pause_seconds_within
+from labkit.machine.heat import HeatGuard, is_clean, pause_seconds_within
 from labkit.lifecycle import (evaluation_owed, failure_status, finish_run, log_unsynced_step,
                               save_between_steps, start_run)
 from labkit.run.metrics import STEP

@@ -9,8 +9,8 @@ import types
 
 import pytest
 
-from labkit import heat
-from labkit.heat import HeatGuard, Pause, ScriptedSensor, is_clean, make_guard, pause_seconds_within
+from labkit.machine import heat
+from labkit.machine.heat import HeatGuard, Pause, ScriptedSensor, is_clean, make_guard, pause_seconds_within
 
 T0 = 1_700_000_000.0  # a unix time
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from labkit import memory
+from labkit.machine import memory
 from labkit.config import RunConfig
 
 QWEN05 = memory.ModelShape(params=494_032_768, vocab=151_936, layers=24, hidden=896)

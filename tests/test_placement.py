@@ -1,4 +1,4 @@
-"""labkit.placement: a sweep's runs on every GPU, as many on each as its free memory holds.
+"""labkit.machine.placement: a sweep's runs on every GPU, as many on each as its free memory holds.
 
 The machine is simulated: the driver's answers (how many GPUs, each one's free GiB) are
 monkeypatched, and a run's process is a fake child (FAKE_RUN) that writes its run folder,
@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from labkit import memory, placement, sweep
+from labkit import sweep
+from labkit.machine import memory
+from labkit.machine import placement
 from labkit.config import ConfigError
 
 QWEN05 = memory.ModelShape(params=494_032_768, vocab=151_936, layers=24, hidden=896)

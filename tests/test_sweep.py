@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from labkit import memory, placement, sweep
+from labkit import sweep
+from labkit.machine import memory
+from labkit.machine import placement
 from labkit.config import ConfigError
 from labkit.run.log import RunLogError, read_jsonl
 

@@ -14,7 +14,7 @@ import torch
 
 import labkit
 from labkit.run.checkpoint import latest_checkpoint
-from labkit.heat import HeatGuard, ScriptedSensor
+from labkit.machine.heat import HeatGuard, ScriptedSensor
 from labkit.run.metrics import METRICS, STEP
 from labkit.run.log import Run
 from labkit.run.log import RunLogError

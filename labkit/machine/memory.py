@@ -25,7 +25,7 @@ together, 24.7 a run, where this plan counts 29.5).
 `share_gpu` picks what lets N runs share a card (checkpointing, then the token budget),
 `plan_runs` refuses, in one line, a set of runs that does not fit in the free memory, and
 `fit_max_tokens` gives the largest token budget per micro-batch that fits. `gpu_count` and
-`gpu_free_gib` ask the driver (NVML, else nvidia-smi) what labkit.placement shares out.
+`gpu_free_gib` ask the driver (NVML, else nvidia-smi) what labkit.machine.placement shares out.
 """
 
 from __future__ import annotations
