@@ -44,7 +44,7 @@ Which text is the final answer, rule by rule (each rule comes from answers seen 
 Most answers are plain numbers, so an exact path decides them in microseconds with
 `fractions.Fraction` (commas, `$`, `%`, `42.0`, `3/4`, `\\frac{3}{4}`, rules 5 and 6).
 Only what that path cannot read (`\\sqrt{16}`, `16 + 8`) goes to math-verify, in a worker
-process under our own timeout (labkit.verifier: a check that runs too long is killed, for
+process under our own timeout (labkit.reward.verifier: a check that runs too long is killed, for
 real, and the next one gets a fresh worker). A pre-check keeps inputs that could make sympy
 hang (towers of powers, factorials, huge or deeply nested answers, polynomials to expand:
 nine nested calls in 55 characters ran for over 100 s, `(a+b+c+d+e+f+g+h)^{99}` for
@@ -64,7 +64,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Callable, Optional
 
-from labkit import verifier
+from labkit.reward import verifier
 
 RewardFn = Callable[[str, str], float]
 
@@ -391,7 +391,7 @@ def is_safe_for_sympy(text: str) -> bool:
 def verify_with_timeout(answer: str, label: str, timeout_s: Optional[float] = None) -> bool:
     """math-verify's judgement of `answer` against `label`, from any thread; False when it
     fails or exceeds `timeout_s` (default MATH_VERIFY_TIMEOUT_S; its worker process is then
-    killed and replaced: labkit.verifier)."""
+    killed and replaced: labkit.reward.verifier)."""
     return verifier.verify(answer, label, MATH_VERIFY_TIMEOUT_S if timeout_s is None else timeout_s)
 
 

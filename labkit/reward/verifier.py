@@ -37,7 +37,7 @@ START_TIMEOUT_S = 120.0  # importing math-verify on a loaded machine (~0.5 s idl
 RETRY_AFTER_S = 60.0  # after a worker that did not start: score 0.0 this long, then try again
 # -c with the working folder taken off sys.path first: a folder named like a package there
 # must not shadow the one this process uses (labkit is found through PYTHONPATH, below)
-_BOOT = "import sys; del sys.path[0]; from labkit.verifier import serve; serve()"
+_BOOT = "import sys; del sys.path[0]; from labkit.reward.verifier import serve; serve()"
 
 
 class _Worker:
