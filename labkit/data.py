@@ -450,3 +450,20 @@ def redact_quotes(text: str, question: str, min_chars: int = 24) -> str:
             return text
         text = text[: block.a] + QUOTE_MARK + text[block.a + block.size :]
     return text
+
+
+def encode_prompt(s, problem) -> list[int]:
+    """Token ids of the chat prompt for a problem in the run `s` (a labkit.session.Session:
+    its tokenizer, config, policy and engine), cached by problem id, within the context (a
+    longer one is refused or cut before any engine sees it: fit_prompt). Here, not in the
+    session, so that the session and the held-out evaluation both take it from below."""
+    from labkit.models import context_length  # torch, only once a run encodes
+
+    ids = s.prompt_cache.get(problem.id)
+    if ids is None:
+        ids = prompt_token_ids(s.tokenizer, problem.question, s.cfg.prompt_examples)
+        ids = s.prompt_cache[problem.id] = fit_prompt(
+            s.tokenizer, problem, ids, context_length(s.policy, s.engine),
+            s.cfg.rollout_max_response_len, truncate=s.cfg.long_prompts == "truncate",
+            examples=s.cfg.prompt_examples)
+    return ids

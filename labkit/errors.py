@@ -22,6 +22,12 @@ class LabkitError(Exception):
     exit_code = 1
 
 
+class ConfigError(LabkitError, ValueError):
+    """A config that cannot run; the message names the flags and the value that fixes it."""
+
+    exit_code = 2
+
+
 class DataError(LabkitError, ValueError):
     """A data set that cannot be read (the file, the line and the fix are named)."""
 

@@ -38,6 +38,7 @@ import math
 import time
 from pathlib import Path
 
+from labkit.data import encode_prompt
 from labkit.engines import keep
 from labkit.engines.base import Cancelled, Engine, Sampling
 from labkit.reward import math_reward, score
@@ -196,7 +197,6 @@ def log_evaluation(s, trained_steps: int, bar=None) -> dict | None:
     for the same model and problems (a rerun in a notebook need not wait for it). Returns the
     row, or None when there are no problems. A stop ends it between two tokens (or two layers):
     said in one line, nothing logged, EvaluationStopped raised."""
-    from labkit.session import encode_prompt  # the session imports this module's users
 
     say = bar.say if bar is not None else _print
     stopping = lambda: s.stopper is not None and s.stopper.stop_requested  # noqa: E731

@@ -24,7 +24,6 @@ from labkit.engines.base import Engine
 from labkit.evaluation import held_out_problems
 from labkit.machine.heat import HeatGuard, make_guard
 from labkit.models import (
-    context_length,
     default_device,
     disable_dropout,
     enable_checkpointing,
@@ -153,19 +152,6 @@ def _say_startup(startup: dict, policy_reused: bool, engine_reused: bool) -> Non
     if inner:
         parts[-1] += f": {', '.join(inner)}"
     print(f"labkit: ready in {total:.1f} s ({'; '.join(parts)})", flush=True)
-
-
-def encode_prompt(s: Session, problem) -> list[int]:
-    """Token ids of the chat prompt for a problem (cached by problem id), within the context
-    (a longer one is refused or cut before any engine sees it: labkit.data.fit_prompt)."""
-    ids = s.prompt_cache.get(problem.id)
-    if ids is None:
-        ids = datamod.prompt_token_ids(s.tokenizer, problem.question, s.cfg.prompt_examples)
-        ids = s.prompt_cache[problem.id] = datamod.fit_prompt(
-            s.tokenizer, problem, ids, context_length(s.policy, s.engine),
-            s.cfg.rollout_max_response_len, truncate=s.cfg.long_prompts == "truncate",
-            examples=s.cfg.prompt_examples)
-    return ids
 
 
 @contextlib.contextmanager

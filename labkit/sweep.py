@@ -435,9 +435,7 @@ def _python() -> tuple[str, ...]:
 def _package_path() -> dict:
     """PYTHONPATH for a run's process: the checkout this labkit runs from first (never a
     site-packages), so that the run imports the labkit that started it."""
-    import labkit
-
-    root = Path(labkit.__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[1]  # this module is labkit/sweep.py
     if not (root / "pyproject.toml").is_file():
         return {}
     rest = os.environ.get("PYTHONPATH")

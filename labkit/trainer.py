@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from labkit import data as datamod
+from labkit.data import encode_prompt
 from labkit.actor import compute_logprobs, pack_rollout, train_on_rollout
 from labkit.run.checkpoint import SavePolicy
 from labkit.config import RunConfig
@@ -40,7 +41,7 @@ from labkit.lifecycle import (evaluation_owed, failure_status, finish_run, log_u
 from labkit.run.metrics import STEP
 from labkit.reward import score
 from labkit.run.log import Run, open_run_folder
-from labkit.session import Session, encode_prompt, timed
+from labkit.session import Session, timed
 from labkit.run.stopping import StopController
 
 CHECKPOINT_RESERVE_S = 30.0  # time kept for the final checkpoint under --time-limit

@@ -361,7 +361,7 @@ def write_run_folder(cfg: RunConfig, run_dir: Path, script: str, *, explicit: It
     """Write the script (executable), the prompts (and held-out prompts when eval is on), a
     copy of the --custom-rm-path file (if it names one) and labkit_miles.json (config, with
     that path made absolute; command; miles commit) into run_dir; return run_dir."""
-    from labkit import __version__
+    from labkit.version import __version__
     from labkit.data import split_eval
 
     run_dir.mkdir(parents=True, exist_ok=True)

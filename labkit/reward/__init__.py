@@ -485,7 +485,7 @@ def _load_custom(path: str) -> RewardFn:
     """Import "module:function" or "file.py:function" and return the function. A file or
     module that fails to import (a syntax error, a missing package, an exit at import) is a
     ConfigError naming it and the first line of why: it is the user's file, not labkit's."""
-    from labkit.config import ConfigError
+    from labkit.errors import ConfigError
 
     where, sep, name = path.rpartition(":")
     if not sep or not where or not name:

@@ -41,7 +41,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Iterable
 
-from labkit import __version__
+from labkit.version import __version__
 from labkit.config import RunConfig
 from labkit.errors import LabkitError, RunLogError, one_line
 from labkit.run.metrics import STEP
