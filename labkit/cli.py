@@ -25,11 +25,18 @@ import signal
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from labkit.config import (ConfigError, RunConfig, add_config_flags, build_parser as build_run_parser,
-                           config_from_flags, resolve_args, values_may_start_with_a_dash)
+from labkit.config import (
+    ConfigError,
+    RunConfig,
+    add_config_flags,
+    config_from_flags,
+    resolve_args,
+    values_may_start_with_a_dash,
+)
+from labkit.config import build_parser as build_run_parser
 from labkit.errors import LabkitError, debug_enabled, one_line
 
 
@@ -574,7 +581,8 @@ def _say_warnings(caught) -> None:
 
 def replay(a: argparse.Namespace) -> int:
     """`labkit replay LOG`: print the burst table and save the timeline. 0, or 2 for a bad log."""
-    from labkit.serving.replay import replay as replay_log, timeline
+    from labkit.serving.replay import replay as replay_log
+    from labkit.serving.replay import timeline
     from labkit.serving.watchdog import Policy
 
     try:
@@ -596,7 +604,8 @@ def replay(a: argparse.Namespace) -> int:
 
 def serve(a: argparse.Namespace) -> int:
     """`labkit serve`: engines behind a router until Ctrl-C or --duration."""
-    from labkit.serving.cluster import ServeConfig, serve as run_cluster
+    from labkit.serving.cluster import ServeConfig
+    from labkit.serving.cluster import serve as run_cluster
 
     values = {k: v for k, v in vars(a).items() if k not in ("command", "duration", "debug")}
     if a.duration is not None and not a.duration > 0:

@@ -146,8 +146,8 @@ def greedy_answers(engine: Engine, prompt_ids: list[list[int]], *, max_tokens: i
                 raise Cancelled(f"cancelled after {len(answers)} answers")
             before, before_tokens = len(answers), tokens
             if outer_progress is not None:
-                engine.progress = lambda d, _t, k: outer_progress(before + d, len(prompt_ids),
-                                                                  before_tokens + k)
+                engine.progress = lambda d, _t, k, before=before, before_tokens=before_tokens: (
+                    outer_progress(before + d, len(prompt_ids), before_tokens + k))
             chunk = prompt_ids[before:before + size]
             with (autocast or contextlib.nullcontext)():
                 outs = engine.generate(chunk, greedy)

@@ -23,6 +23,10 @@ import time
 import traceback
 from pathlib import Path
 
+from labkit.config import RunConfig
+from labkit.engines import keep
+from labkit.errors import LabkitError, one_line
+from labkit.evaluation import evaluation_due
 from labkit.run.checkpoint import (
     CheckpointWriteFailed,
     SavePolicy,
@@ -32,15 +36,11 @@ from labkit.run.checkpoint import (
     save_checkpoint,
     sweep_temp_files,
 )
-from labkit.config import RunConfig
-from labkit.engines import keep
-from labkit.errors import LabkitError, one_line
-from labkit.evaluation import evaluation_due
-from labkit.run.metrics import STEP
 from labkit.run.files import WriteFailed
 from labkit.run.log import METRICS, RunLog, RunLogError
-from labkit.session import Session, setup
+from labkit.run.metrics import STEP
 from labkit.run.stopping import SecondSignal, StopController
+from labkit.session import Session, setup
 
 
 def start_run(cfg: RunConfig, log: RunLog, resume, first_step: int, **kw) -> Session:

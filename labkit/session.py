@@ -18,10 +18,10 @@ import torch
 from labkit import data as datamod
 from labkit.actor import make_optimizer
 from labkit.config import RunConfig
-from labkit.machine.cpuload import fit_threads
 from labkit.engines import keep, make_engine, resolve_engine
 from labkit.engines.base import Engine
 from labkit.evaluation import held_out_problems
+from labkit.machine.cpuload import fit_threads
 from labkit.machine.heat import HeatGuard, make_guard
 from labkit.models import (
     default_device,

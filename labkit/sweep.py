@@ -38,15 +38,24 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from labkit.config import ConfigError, RunConfig
 from labkit.errors import LabkitError, RunLogError, one_line
 from labkit.machine.placement import SHARED_GPU_FIELDS
-from labkit.run.log import (CONFIG, METRICS, RESUMABLE, Run, RunLog, config_mismatches,
-                           default_run_name, read_jsonl, saved_config)
+from labkit.run.log import (
+    CONFIG,
+    METRICS,
+    RESUMABLE,
+    Run,
+    RunLog,
+    config_mismatches,
+    default_run_name,
+    read_jsonl,
+    saved_config,
+)
 
 STOPPED = ("signal", "requested")  # a run's status reasons that end a sweep (a stop)
 STOP_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None),
@@ -336,7 +345,7 @@ def _one_after_another(slots: list[_Slot], stops: list[int]) -> None:
         except KeyboardInterrupt:  # a second stop, or one before the run caught signals
             _interrupted(s)
             return
-        except BaseException as e:  # noqa: BLE001 - any other end is this run's failure
+        except BaseException as e:  # any other end is this run's failure
             s.fail(_failure_words(e), getattr(e, "exit_code", 1))
             continue
         finally:

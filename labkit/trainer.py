@@ -28,21 +28,27 @@ from pathlib import Path
 import torch
 
 from labkit import data as datamod
-from labkit.data import encode_prompt
 from labkit.actor import compute_logprobs, pack_rollout, train_on_rollout
-from labkit.run.checkpoint import SavePolicy
 from labkit.config import RunConfig
+from labkit.data import encode_prompt
 from labkit.engines.base import Completion, Engine, Sampling
 from labkit.evaluation import EvaluationStopped, evaluation_due, log_evaluation
 from labkit.grpo import compute_advantages
+from labkit.lifecycle import (
+    evaluation_owed,
+    failure_status,
+    finish_run,
+    log_unsynced_step,
+    save_between_steps,
+    start_run,
+)
 from labkit.machine.heat import HeatGuard, is_clean, pause_seconds_within
-from labkit.lifecycle import (evaluation_owed, failure_status, finish_run, log_unsynced_step,
-                              save_between_steps, start_run)
-from labkit.run.metrics import STEP
 from labkit.reward import score
+from labkit.run.checkpoint import SavePolicy
 from labkit.run.log import Run, open_run_folder
-from labkit.session import Session, timed
+from labkit.run.metrics import STEP
 from labkit.run.stopping import StopController
+from labkit.session import Session, timed
 
 CHECKPOINT_RESERVE_S = 30.0  # time kept for the final checkpoint under --time-limit
 

@@ -7,13 +7,13 @@ import json
 import math
 
 import pytest
+from waiting import Lines
 
 from labkit.data import Problem
 from labkit.engines.base import Completion, Engine
 from labkit.evaluation import eval_name, evaluate
 from labkit.run.metrics import STEP, describe
 from labkit.trainer import train
-from waiting import Lines
 
 
 class AnswerBook(Engine):
@@ -353,8 +353,8 @@ def test_a_sigterm_during_the_evaluation_after_the_last_step_stops_and_resume_do
     import signal
 
     import labkit.trainer as trainer
-    from labkit.run.checkpoint import latest_checkpoint
     from labkit.engines import hf
+    from labkit.run.checkpoint import latest_checkpoint
     from labkit.run.stopping import exit_code
 
     cfg = tiny_cfg.replace(eval_split_size=3, num_rollout=2, rollout_max_response_len=16)

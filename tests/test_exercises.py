@@ -17,9 +17,10 @@ import torch
 import labkit
 from labkit.cli import main as labkit_main
 from labkit.course import exercises, profiles, students
-from labkit.serving.client import RetryPolicy
-from labkit.course.exercises import BEGIN as BEGIN_MARK, ExerciseError, check
+from labkit.course.exercises import BEGIN as BEGIN_MARK
+from labkit.course.exercises import ExerciseError, check
 from labkit.course.students import student_notebook, student_source
+from labkit.serving.client import RetryPolicy
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"

@@ -17,10 +17,14 @@ from pathlib import Path
 import pytest
 
 from labkit import reward
-from labkit.reward import verifier
 from labkit.reward import (
-    REWARDS, extract_final_answer, load_reward, math_reward, parse_number, score,
-    verify_with_timeout,
+    REWARDS,
+    extract_final_answer,
+    load_reward,
+    math_reward,
+    parse_number,
+    score,
+    verifier,
 )
 
 

@@ -9,8 +9,8 @@ import types
 import numpy as np
 import pandas as pd
 import pytest
-
 from fixtures_runs import CLEAN_N4, PAUSED_N4, rewards_with_gain, small_run
+
 from labkit.analysis.gains import run_gains
 from labkit.analysis.runframe import AnalysisError, load_runs
 

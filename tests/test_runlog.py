@@ -116,8 +116,8 @@ def test_a_new_run_folder_gets_the_users_umask(tmp_path, umask_022):
 def test_a_line_the_disk_has_no_room_for_is_said_and_leaves_no_half_line(tmp_path, monkeypatch):
     import errno
 
-    from labkit.run.metrics import STEP
     from labkit.run.log import WriteFailed
+    from labkit.run.metrics import STEP
 
     run = _run_folder(tmp_path)
     log = RunLog.open(run)

@@ -8,13 +8,12 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
+from waiting import Lines
 
 from labkit.run.stopping import StopController
-from waiting import Lines
 
 REPO = Path(__file__).resolve().parents[1]
 

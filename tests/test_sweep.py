@@ -13,14 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import folder_with_a_labkit
 
 from labkit import sweep
-from labkit.machine import memory
-from labkit.machine import placement
 from labkit.config import ConfigError
+from labkit.machine import memory, placement
 from labkit.run.log import RunLogError, read_jsonl
-
-from conftest import folder_with_a_labkit
 
 REWARD = '''
 import os, signal, sys, time

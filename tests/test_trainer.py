@@ -1,8 +1,8 @@
 """The GRPO loop end to end with a tiny random model: the log, the update, stop and resume."""
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,17 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from waiting import Lines
 
 import labkit
-from labkit.run.checkpoint import latest_checkpoint
-from labkit.machine.heat import HeatGuard, ScriptedSensor
-from labkit.run.metrics import METRICS, STEP
-from labkit.run.log import Run
-from labkit.run.log import RunLogError
 from labkit.errors import DataError
+from labkit.machine.heat import HeatGuard, ScriptedSensor
+from labkit.run.checkpoint import latest_checkpoint
+from labkit.run.log import Run, RunLogError
+from labkit.run.metrics import METRICS, STEP
 from labkit.run.stopping import StopController
 from labkit.trainer import train
-from waiting import Lines
 
 REQUIRED = [
     STEP, "rollout/raw_reward", "rollout/raw_reward_std", "rollout/right_frac",
@@ -136,7 +135,7 @@ def test_heat_pause_marks_the_step_not_clean(tiny_cfg, monkeypatch):
     run = train(tiny_cfg, guard=guard)
     assert run.metrics["heat/clean"].tolist() == [False, True]
     assert run.metrics["heat/pause_time"].iloc[0] > 0
-    pauses = [json.loads(l) for l in (run.dir / "heat.jsonl").read_text().splitlines()]
+    pauses = [json.loads(line) for line in (run.dir / "heat.jsonl").read_text().splitlines()]
     assert len(pauses) == 1 and pauses[0]["step"] == 0 and pauses[0]["peak_c"] == 95
 
 

@@ -22,15 +22,16 @@ import json
 import os
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Union
 
 import numpy as np
 import pandas as pd
 
 from labkit.errors import LabkitError
-from labkit.run.metrics import STEP
 from labkit.run.log import CONFIG, HEAT, METRICS, STATUS, read_jsonl
+from labkit.run.metrics import STEP
 
 REWARD = "rollout/raw_reward"
 RIGHT = "rollout/right_frac"  # the share of answers that got the full reward: the right ones

@@ -34,8 +34,9 @@ import math
 import os
 import re
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
@@ -360,8 +361,8 @@ def _grade_gain(answer, *, runs, run: str) -> None:
     import numpy as np
 
     from labkit.analysis.gains import run_gains
-    from labkit.run.metrics import STEP
     from labkit.analysis.runframe import REWARD
+    from labkit.run.metrics import STEP
 
     gain = _number(answer, "the gain")
     rows = runs[runs["run"] == run]

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Optional
 
-from labkit.config import (DATA_ENV, EMBEDDED_MODEL, MODEL_ENV, RECIPE_MODEL, ConfigError,
-                           RunConfig)
+from labkit.config import DATA_ENV, EMBEDDED_MODEL, MODEL_ENV, RECIPE_MODEL, ConfigError, RunConfig
 
 PROFILE_ENV = "LABKIT_PROFILE"
 RUNS_ENV = "LABKIT_RUNS_DIR"

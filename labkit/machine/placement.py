@@ -28,11 +28,11 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
-from labkit.machine import memory
 from labkit.config import ConfigError, RunConfig
+from labkit.machine import memory
 
 ENV = "LABKIT_GPUS"  # the GPUs a sweep may use, as --gpus takes them: "0,1"
 # What shared_gpu sets for runs that share a GPU: memory and display, not what a step

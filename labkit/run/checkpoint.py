@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 import torch
 
@@ -41,21 +41,21 @@ class SavePolicy:
     "rolling", "final", "stop") or None; `saved(step)` records a write.
     """
 
-    def __init__(self, interval: int, *, every_s: Optional[float] = None,
+    def __init__(self, interval: int, *, every_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.interval, self.clock = int(interval), clock
         self.every_s = AUTO_SAVE_S if every_s is None else float(every_s)
-        self.last_saved: Optional[int] = None
+        self.last_saved: int | None = None
         self._since = clock()
 
-    def after_step(self, step: int) -> Optional[str]:
+    def after_step(self, step: int) -> str | None:
         if self.interval > 0:
             return "interval" if (step + 1) % self.interval == 0 else None
         if self.interval == 0 and self.clock() - self._since >= self.every_s:
             return "rolling"
         return None
 
-    def at_end(self, step: int, completed: bool) -> Optional[str]:
+    def at_end(self, step: int, completed: bool) -> str | None:
         if self.interval < 0 or step < 0 or step == self.last_saved:
             return None
         if self.interval > 0:

@@ -37,20 +37,31 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
-from typing import Iterable
 
-from labkit.version import __version__
 from labkit.config import RunConfig
 from labkit.errors import LabkitError, RunLogError, one_line
-from labkit.run.metrics import STEP
-from labkit.run.files import (append_lines, is_step_line, json_row, read_bytes, read_json,
-                             read_jsonl, readable_rows, write_all, write_bytes_atomic,
-                             write_failed, write_json_atomic)
-from labkit.run.files import WriteFailed, write_text_atomic  # noqa: F401 (named here too)
+from labkit.run.files import (  # noqa: F401 (named here too)
+    WriteFailed,
+    append_lines,
+    is_step_line,
+    json_row,
+    read_bytes,
+    read_json,
+    read_jsonl,
+    readable_rows,
+    write_all,
+    write_bytes_atomic,
+    write_failed,
+    write_json_atomic,
+    write_text_atomic,
+)
 from labkit.run.files import user_umask as _umask
 from labkit.run.lock import RunLock
+from labkit.run.metrics import STEP
+from labkit.version import __version__
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -78,7 +89,7 @@ class RunLog:
 
     # --- creating and opening -------------------------------------------------------
     @classmethod
-    def create(cls, run_dir: Path, config: dict) -> "RunLog":
+    def create(cls, run_dir: Path, config: dict) -> RunLog:
         """Start a new run folder and hold its lock; refuse one that already holds a run.
         Raises OSError when the folder cannot be made (the caller names the flag).
 
@@ -117,7 +128,7 @@ class RunLog:
         log._created = [] if existed else [run_dir, *parents]  # an empty folder made by hand stays
         return log
 
-    def _take_in_place(self, config: dict) -> "RunLog":
+    def _take_in_place(self, config: dict) -> RunLog:
         """Start the run in a folder that is there already (and holds other files): take its
         lock (a second start is refused here, touching nothing), then write the config."""
         self.lock()
@@ -130,7 +141,7 @@ class RunLog:
         return self
 
     @classmethod
-    def open(cls, run_dir: Path, *, repair: bool = False) -> "RunLog":
+    def open(cls, run_dir: Path, *, repair: bool = False) -> RunLog:
         """Open an existing run folder to append to it (resume), holding its lock.
 
         A line cut short at the end of an appended file (a kill mid-write) is an error
