@@ -29,14 +29,13 @@ with random weights (nothing to download or carry). Run it under an older checko
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
 import time
 
 import torch
-
-import contextlib
 
 from labkit import actor
 from labkit.actor import compute_logprobs, make_optimizer, pack_rollout, train_on_rollout
@@ -76,7 +75,7 @@ def padded_tokens(batch, cfg) -> int:
 def full_logits():
     """The answers' log-probs from the model's full logits (labkit.logprobs' head switched off)."""
     try:
-        from labkit import logprobs
+        from labkit import logprobs  # noqa: F401 (there or not: which checkout this is)
     except ImportError:  # an older checkout: it has only that path
         yield
         return
@@ -124,7 +123,8 @@ def time_variant(model, optimizer, cfg, batch, *, separate_old: bool, autocast, 
             spans.append((round(end - seconds[-1], 3), round(end, 3)))
         micro, padding = stats["train/micro_batches"], stats.get("train/padding_frac")
     if profile and torch.cuda.is_available():
-        from torch.profiler import ProfilerActivity, profile as torch_profile
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
 
         batch.old_logprobs = None
         with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

@@ -67,8 +67,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def make_prompts(tokenizer, n: int, seed: int) -> list[list[int]]:
     """labkit's chat prompts (as the trainer builds them) of n made-up arithmetic problems."""
-    from labkit.data import synthetic_problems
-    from labkit.data import prompt_token_ids
+    from labkit.data import prompt_token_ids, synthetic_problems
 
     return [prompt_token_ids(tokenizer, p.question) for p in synthetic_problems(n, steps=2, seed=seed)]
 

@@ -27,13 +27,12 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--memory-fraction", type=float, default=0.5)
     a = p.parse_args()
-    from labkit.data import load_problems, rollout_problems
+    from labkit.data import load_problems, prompt_token_ids, rollout_problems
     from labkit.engines.base import Sampling
     from labkit.engines.vllm import VLLMEngine
     from labkit.grpo import compute_advantages
     from labkit.models import load_tokenizer, resolve_model, stop_token_ids
     from labkit.reward import load_reward, score
-    from labkit.data import prompt_token_ids
 
     path = resolve_model(a.model)
     tok = load_tokenizer(path)

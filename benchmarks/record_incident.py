@@ -32,10 +32,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from labkit.serving.client import EventLog, RetryPolicy, RolloutClient, RolloutFailed, build_requests, run_sync  # noqa: E402
 from labkit.engines.base import Sampling  # noqa: E402
-from labkit.serving.processes import find_free_base_port  # noqa: E402
+from labkit.serving.client import EventLog, RetryPolicy, RolloutClient, RolloutFailed, build_requests, run_sync  # noqa: E402
 from labkit.serving.cluster import SHED_LOAD_ROUTER_ARGS, Cluster, ServeConfig, vllm_python  # noqa: E402
+from labkit.serving.processes import find_free_base_port  # noqa: E402
 from labkit.serving.replay import replay, timeline  # noqa: E402
 
 NAMES = ["Ada", "Bo", "Cai", "Dee", "Eli", "Fay", "Gus", "Hana"]

@@ -8,10 +8,9 @@
     labkit.close()                # release the model and engine kept for the next launch
 """
 
-__version__ = "0.1.0"
-
-from labkit.config import ConfigError, RunConfig  # noqa: E402
-from labkit.runlog import Run  # noqa: E402
+from labkit.config import ConfigError, RunConfig
+from labkit.run.log import Run
+from labkit.version import __version__
 
 
 def launch(config: RunConfig, *, resume=None) -> Run:

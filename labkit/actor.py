@@ -98,7 +98,7 @@ def micro_batches(batch: RolloutBatch, idx: torch.Tensor, *, max_samples: int,
     return out
 
 
-def _micro_batch(batch: RolloutBatch, idx: torch.Tensor, device) -> "_Rows":
+def _micro_batch(batch: RolloutBatch, idx: torch.Tensor, device) -> _Rows:
     """Samples `idx` as right-padded rows of prompt + answer, on `device`.
 
     A row holds its prompt and its answer back to back and padding only at its end, so the
@@ -142,7 +142,7 @@ class _Rows:
         return flat.new_zeros(self.rmask.shape).index_put((self.rows, self.col), flat)
 
 
-def _forward_logprobs(model, mb: "_Rows", temperature, autocast, entropy=None):
+def _forward_logprobs(model, mb: _Rows, temperature, autocast, entropy=None):
     """Log-probs [B, r] of the answer tokens of each row, and entropies if asked.
 
     `entropy`: None (skip), "stat" (measured without gradient), "loss" (with gradient).

@@ -25,11 +25,18 @@ import signal
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from labkit.config import (ConfigError, RunConfig, add_config_flags, build_parser as build_run_parser,
-                           config_from_flags, resolve_args, values_may_start_with_a_dash)
+from labkit.config import (
+    ConfigError,
+    RunConfig,
+    add_config_flags,
+    config_from_flags,
+    resolve_args,
+    values_may_start_with_a_dash,
+)
+from labkit.config import build_parser as build_run_parser
 from labkit.errors import LabkitError, debug_enabled, one_line
 
 
@@ -286,7 +293,8 @@ def sweep(argv: list[str]) -> int:
     import inspect
     import shlex
 
-    from labkit import placement, sweep as sweepmod
+    from labkit import sweep as sweepmod
+    from labkit.machine import placement
 
     if "-h" in argv or "--help" in argv:
         print(inspect.cleandoc(sweep.__doc__).replace("`labkit sweep`: ", "labkit sweep: ") + "\n")
@@ -452,7 +460,7 @@ def launch_config(a: argparse.Namespace) -> int:
 
 def _resume(run_dir: str, rest: list[str]) -> int:
     """Continue a run folder with its own config (flags may only change bookkeeping)."""
-    from labkit.runlog import RunLogError, saved_config
+    from labkit.run.log import RunLogError, saved_config
     from labkit.trainer import train
 
     if not (Path(run_dir) / "config.json").is_file():
@@ -468,8 +476,8 @@ def _resume(run_dir: str, rest: list[str]) -> int:
 
 def _ended(run) -> int:
     """Where the log is, and the exit code a queue reads: 0 completed, 124 time limit,
-    128 + signal, 1 error (labkit.stopping.exit_code)."""
-    from labkit.stopping import exit_code
+    128 + signal, 1 error (labkit.run.stopping.exit_code)."""
+    from labkit.run.stopping import exit_code
 
     log = run.dir / "metrics.jsonl"
     print(f"run log: {log}" if log.exists() else
@@ -573,7 +581,8 @@ def _say_warnings(caught) -> None:
 
 def replay(a: argparse.Namespace) -> int:
     """`labkit replay LOG`: print the burst table and save the timeline. 0, or 2 for a bad log."""
-    from labkit.serving.replay import replay as replay_log, timeline
+    from labkit.serving.replay import replay as replay_log
+    from labkit.serving.replay import timeline
     from labkit.serving.watchdog import Policy
 
     try:
@@ -595,7 +604,8 @@ def replay(a: argparse.Namespace) -> int:
 
 def serve(a: argparse.Namespace) -> int:
     """`labkit serve`: engines behind a router until Ctrl-C or --duration."""
-    from labkit.serving.cluster import ServeConfig, serve as run_cluster
+    from labkit.serving.cluster import ServeConfig
+    from labkit.serving.cluster import serve as run_cluster
 
     values = {k: v for k, v in vars(a).items() if k not in ("command", "duration", "debug")}
     if a.duration is not None and not a.duration > 0:

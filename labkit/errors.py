@@ -7,7 +7,7 @@ that is not a model, a run folder in use, engines that stopped answering) is a
 notebook the same errors raise with the same message. Anything else that escapes is a bug
 in labkit, and keeps its traceback.
 
-Exit codes of `labkit launch` (labkit.stopping adds those of a run that stopped early):
+Exit codes of `labkit launch` (labkit.run.stopping adds those of a run that stopped early):
 2 refused input (config, data, model, run folder), 1 the run failed (engines, a bug).
 """
 
@@ -20,6 +20,12 @@ class LabkitError(Exception):
     """Base of labkit's errors: the message is one line that names what to fix."""
 
     exit_code = 1
+
+
+class ConfigError(LabkitError, ValueError):
+    """A config that cannot run; the message names the flags and the value that fixes it."""
+
+    exit_code = 2
 
 
 class DataError(LabkitError, ValueError):

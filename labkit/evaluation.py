@@ -38,6 +38,7 @@ import math
 import time
 from pathlib import Path
 
+from labkit.data import encode_prompt
 from labkit.engines import keep
 from labkit.engines.base import Cancelled, Engine, Sampling
 from labkit.reward import math_reward, score
@@ -145,8 +146,8 @@ def greedy_answers(engine: Engine, prompt_ids: list[list[int]], *, max_tokens: i
                 raise Cancelled(f"cancelled after {len(answers)} answers")
             before, before_tokens = len(answers), tokens
             if outer_progress is not None:
-                engine.progress = lambda d, _t, k: outer_progress(before + d, len(prompt_ids),
-                                                                  before_tokens + k)
+                engine.progress = lambda d, _t, k, before=before, before_tokens=before_tokens: (
+                    outer_progress(before + d, len(prompt_ids), before_tokens + k))
             chunk = prompt_ids[before:before + size]
             with (autocast or contextlib.nullcontext)():
                 outs = engine.generate(chunk, greedy)
@@ -196,7 +197,6 @@ def log_evaluation(s, trained_steps: int, bar=None) -> dict | None:
     for the same model and problems (a rerun in a notebook need not wait for it). Returns the
     row, or None when there are no problems. A stop ends it between two tokens (or two layers):
     said in one line, nothing logged, EvaluationStopped raised."""
-    from labkit.session import encode_prompt  # the session imports this module's users
 
     say = bar.say if bar is not None else _print
     stopping = lambda: s.stopper is not None and s.stopper.stop_requested  # noqa: E731

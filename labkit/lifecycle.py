@@ -3,14 +3,14 @@
 A run must lose nothing when it dies and log nothing twice when it goes on. Before anything
 loads, `--resume` checks there is a checkpoint to continue from (or that no step was
 logged) and refuses otherwise, naming what is missing; the steps logged after the
-checkpoint are set aside. Between steps the save policy (labkit.checkpoint.SavePolicy)
+checkpoint are set aside. Between steps the save policy (labkit.run.checkpoint.SavePolicy)
 decides when to checkpoint. At the end, whatever ended the run (the last step, a time
 limit, a signal, an error), `status.json` is written, then the final checkpoint (a
 checkpoint that fills the disk must not cost the status), with the signal handlers still
 up so a second signal cannot cut the status short. A step whose weight sync to the engines
 failed after its update stands: it is logged and checkpointed, not blamed on the optimizer.
 
-A full disk (a step's line, a checkpoint) ends the run in one line (labkit.runlog.WriteFailed),
+A full disk (a step's line, a checkpoint) ends the run in one line (labkit.run.log.WriteFailed),
 with the status written on the room the run kept aside for it, and no checkpoint tried on
 the full disk. A user's second signal that cuts a checkpoint short is said as such, not as
 a failed write. A held-out evaluation that a stop cut short is owed: --resume does it first
@@ -23,7 +23,11 @@ import time
 import traceback
 from pathlib import Path
 
-from labkit.checkpoint import (
+from labkit.config import RunConfig
+from labkit.engines import keep
+from labkit.errors import LabkitError, one_line
+from labkit.evaluation import evaluation_due
+from labkit.run.checkpoint import (
     CheckpointWriteFailed,
     SavePolicy,
     latest_checkpoint,
@@ -32,15 +36,11 @@ from labkit.checkpoint import (
     save_checkpoint,
     sweep_temp_files,
 )
-from labkit.config import RunConfig
-from labkit.engines import keep
-from labkit.errors import LabkitError, one_line
-from labkit.evaluation import evaluation_due
-from labkit.metrics import STEP
-from labkit.runfiles import WriteFailed
-from labkit.runlog import METRICS, RunLog, RunLogError
+from labkit.run.files import WriteFailed
+from labkit.run.log import METRICS, RunLog, RunLogError
+from labkit.run.metrics import STEP
+from labkit.run.stopping import SecondSignal, StopController
 from labkit.session import Session, setup
-from labkit.stopping import SecondSignal, StopController
 
 
 def start_run(cfg: RunConfig, log: RunLog, resume, first_step: int, **kw) -> Session:
@@ -252,7 +252,7 @@ def _write_status(s: Session, reason: str, last: int, message: str, extra: dict,
 
 def final_checkpoint(s: Session, reason: str, last: int, saves: SavePolicy,
                      error: BaseException | None = None) -> str:
-    """Write the checkpoint a stop needs (labkit.checkpoint.SavePolicy), or remove the default
+    """Write the checkpoint a stop needs (labkit.run.checkpoint.SavePolicy), or remove the default
     policy's when the run completed. Returns a note for the status ('' when all went well).
     A run that a failed write ended (a checkpoint, a log line) does not try: the disk that was
     full still is."""

@@ -76,7 +76,7 @@ def _in_hub_cache(repo_id: str) -> bool:
         from huggingface_hub import try_to_load_from_cache
 
         return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
-    except Exception:  # noqa: BLE001 - an id the hub library rejects: let transformers say why
+    except Exception:  # an id the hub library rejects: let transformers say why
         return True
 
 
@@ -126,7 +126,7 @@ def dequantized_folder(gguf: Path) -> Path:
         )
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-    except Exception as e:  # noqa: BLE001 - a truncated GGUF fails in many ways (struct, numpy, ...)
+    except Exception as e:  # a truncated GGUF fails in many ways (struct, numpy, ...)
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
@@ -158,7 +158,7 @@ def load_tokenizer(path: str):
 
     try:
         tok = AutoTokenizer.from_pretrained(path)
-    except Exception as e:  # noqa: BLE001 - OSError offline, ValueError for a foreign folder, ...
+    except Exception as e:  # OSError offline, ValueError for a foreign folder, ...
         raise _load_error(path, "its tokenizer", e) from e
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -171,7 +171,7 @@ def load_policy(path: str, dtype: torch.dtype, device: torch.device):
 
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except Exception as e:  # noqa: BLE001 - truncated safetensors, a foreign config, offline, ...
+    except Exception as e:  # truncated safetensors, a foreign config, offline, ...
         raise _load_error(path, "it", e) from e
     return model.to(device)
 

@@ -18,13 +18,12 @@ import torch
 from labkit import data as datamod
 from labkit.actor import make_optimizer
 from labkit.config import RunConfig
-from labkit.cpuload import fit_threads
 from labkit.engines import keep, make_engine, resolve_engine
 from labkit.engines.base import Engine
 from labkit.evaluation import held_out_problems
-from labkit.heat import HeatGuard, make_guard
+from labkit.machine.cpuload import fit_threads
+from labkit.machine.heat import HeatGuard, make_guard
 from labkit.models import (
-    context_length,
     default_device,
     disable_dropout,
     enable_checkpointing,
@@ -35,8 +34,8 @@ from labkit.models import (
     stop_token_ids,
 )
 from labkit.reward import load_reward
-from labkit.runlog import RunLog
-from labkit.stopping import StopController
+from labkit.run.log import RunLog
+from labkit.run.stopping import StopController
 
 
 @dataclass
@@ -72,7 +71,7 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
           guard: HeatGuard | None = None) -> Session:
     """Load data, reward, model, optimizer, engine and heat guard for a run; time each
     start-up phase (perf/startup_*). On a busy CPU, say so first, and compute on one thread
-    (labkit.cpuload)."""
+    (labkit.machine.cpuload)."""
     torch.manual_seed(cfg.seed)
     device = default_device()
     if device.type == "cpu" and (busy := fit_threads()):
@@ -103,9 +102,9 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
     engine.log_to(log.dir)  # e.g. the HTTP client's failed attempts, in client.jsonl
     guard = guard or make_guard(cfg.heat_pause_c, cfg.heat_resume_c)
     log.add_to_config(heat_guard=guard.state)  # "off: no GPU" is said nowhere else
-    if cfg.gradient_checkpointing is None:  # auto, for a run alone: off (labkit.memory.share_gpu)
+    if cfg.gradient_checkpointing is None:  # auto, for a run alone: off (labkit.machine.memory.share_gpu)
         log.add_to_config(gradient_checkpointing=False)
-    if device.type == "cpu":  # a step's time depends on it (labkit.cpuload)
+    if device.type == "cpu":  # a step's time depends on it (labkit.machine.cpuload)
         log.add_to_config(torch_threads=torch.get_num_threads())
     startup = {f"perf/{k}_time": v for k, v in timers.items()}
     startup.update({f"perf/{k.replace('_seconds', '_time')}": v
@@ -153,19 +152,6 @@ def _say_startup(startup: dict, policy_reused: bool, engine_reused: bool) -> Non
     if inner:
         parts[-1] += f": {', '.join(inner)}"
     print(f"labkit: ready in {total:.1f} s ({'; '.join(parts)})", flush=True)
-
-
-def encode_prompt(s: Session, problem) -> list[int]:
-    """Token ids of the chat prompt for a problem (cached by problem id), within the context
-    (a longer one is refused or cut before any engine sees it: labkit.data.fit_prompt)."""
-    ids = s.prompt_cache.get(problem.id)
-    if ids is None:
-        ids = datamod.prompt_token_ids(s.tokenizer, problem.question, s.cfg.prompt_examples)
-        ids = s.prompt_cache[problem.id] = datamod.fit_prompt(
-            s.tokenizer, problem, ids, context_length(s.policy, s.engine),
-            s.cfg.rollout_max_response_len, truncate=s.cfg.long_prompts == "truncate",
-            examples=s.cfg.prompt_examples)
-    return ids
 
 
 @contextlib.contextmanager

@@ -3,7 +3,7 @@
 Why: the course's central act is comparing group sizes across seeds, and one 0.5B run uses
 a fraction of an H200. `launch_many(configs)` starts the runs together on the GPUs, one
 process each (vLLM keeps one engine per process), each engine with a fixed KV cache, after
-checking that they fit in the GPUs' free memory (labkit.memory); labkit.placement says
+checking that they fit in the GPUs' free memory (labkit.machine.memory); labkit.machine.placement says
 which GPU each run goes to, and on several GPUs the runs that do not fit at once wait for
 a place. Without a GPU it runs them one after another in this process, with the same API
 and the same result: a list of Runs that labkit.analysis reads as any other.
@@ -38,15 +38,24 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from labkit.config import ConfigError, RunConfig
 from labkit.errors import LabkitError, RunLogError, one_line
-from labkit.placement import SHARED_GPU_FIELDS
-from labkit.runlog import (CONFIG, METRICS, RESUMABLE, Run, RunLog, config_mismatches,
-                           default_run_name, read_jsonl, saved_config)
+from labkit.machine.placement import SHARED_GPU_FIELDS
+from labkit.run.log import (
+    CONFIG,
+    METRICS,
+    RESUMABLE,
+    Run,
+    RunLog,
+    config_mismatches,
+    default_run_name,
+    read_jsonl,
+    saved_config,
+)
 
 STOPPED = ("signal", "requested")  # a run's status reasons that end a sweep (a stop)
 STOP_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None),
@@ -72,7 +81,7 @@ class _Slot:
     cfg: RunConfig
     proc: subprocess.Popen | None = None
     outcome: str = "not started"  # completed, stopped, time limit, failed: <why>, not started
-    code: int = 0  # what `labkit sweep` exits with for this run (labkit.stopping.exit_code)
+    code: int = 0  # what `labkit sweep` exits with for this run (labkit.run.stopping.exit_code)
     resume_dir: str | None = None  # the folder this run continues (resume=True)
     gpu: str | None = None  # the GPU its process saw (CUDA_VISIBLE_DEVICES), once started
     extra: dict = field(default_factory=dict)
@@ -91,7 +100,7 @@ class _Slot:
 
     def ended(self, status: dict | None) -> None:
         """The outcome and exit code from the status this sweep's run wrote."""
-        from labkit.stopping import exit_code
+        from labkit.run.stopping import exit_code
 
         reason = (status or {}).get("reason")
         self.code = exit_code(status)
@@ -108,7 +117,7 @@ def launch_many(configs: Sequence[RunConfig | dict], *, resume: bool = False,
     one after another otherwise); True starts a process per run whatever the machine (also
     on a CPU, where the runs then share its cores). `resume`: continue named runs (see
     above). `gpus`: the GPUs side-by-side runs may use, nvidia-smi's numbers (`[0, 1]` or
-    "0,1"); None: env LABKIT_GPUS, else every GPU this process sees (labkit.placement).
+    "0,1"); None: env LABKIT_GPUS, else every GPU this process sees (labkit.machine.placement).
     """
     slots = run_sweep(configs, resume=resume, side_by_side=side_by_side, gpus=gpus)
     return [r for r in (s.run() for s in slots) if r is not None]
@@ -118,7 +127,7 @@ def run_sweep(configs, *, resume: bool = False, side_by_side: bool | None = None
               hints: Hints = Hints(), gpus=None) -> list[_Slot]:
     """launch_many, returning each config's slot (its outcome and exit code); `hints` word
     the summary's advice for the caller (`labkit sweep` names its own flags)."""
-    from labkit import placement
+    from labkit.machine import placement
 
     wanted = placement.requested(gpus)
     slots = [_Slot(c) for c in _named(_as_configs(configs))]
@@ -261,7 +270,7 @@ def _plan_one(s: _Slot, hints: Hints) -> None:
 
 
 def _checkpoint_after(run_dir: Path, step: int) -> bool:
-    from labkit.checkpoint import latest_checkpoint
+    from labkit.run.checkpoint import latest_checkpoint
 
     try:
         found = latest_checkpoint(run_dir)
@@ -322,7 +331,7 @@ def _stops_caught():
 def _one_after_another(slots: list[_Slot], stops: list[int]) -> None:
     """Each run in this process in turn; a stop ends the sweep after the run it stopped (also
     one that came in a run's last step, which the run then completes)."""
-    from labkit.stopping import StopController
+    from labkit.run.stopping import StopController
     from labkit.trainer import CHECKPOINT_RESERVE_S, train
 
     for s in slots:
@@ -336,7 +345,7 @@ def _one_after_another(slots: list[_Slot], stops: list[int]) -> None:
         except KeyboardInterrupt:  # a second stop, or one before the run caught signals
             _interrupted(s)
             return
-        except BaseException as e:  # noqa: BLE001 - any other end is this run's failure
+        except BaseException as e:  # any other end is this run's failure
             s.fail(_failure_words(e), getattr(e, "exit_code", 1))
             continue
         finally:
@@ -350,7 +359,7 @@ def _one_after_another(slots: list[_Slot], stops: list[int]) -> None:
 def _interrupted(s: _Slot) -> None:
     """The outcome of a run a KeyboardInterrupt ended: stopped (not started when it left no
     folder), with the code of the signal its status names (130, SIGINT, when none)."""
-    from labkit.stopping import exit_code
+    from labkit.run.stopping import exit_code
 
     run = s.run()
     status = (run.status if run else None) or {}
@@ -372,9 +381,9 @@ def _failure_words(e: BaseException) -> str:
 
 # ----------------------------------------------------------------------------- side by side
 def _side_by_side(slots: list[_Slot], stops: list[int], wanted: list[str] | None = None) -> None:
-    """A process per run, each on the GPU the plan gives it (labkit.placement: checked
+    """A process per run, each on the GPU the plan gives it (labkit.machine.placement: checked
     against the GPUs' free memory before any starts); wait, forwarding a stop."""
-    from labkit import placement
+    from labkit.machine import placement
 
     todo = [s for s in slots if s.outcome != "completed"]
     if not todo:
@@ -393,7 +402,7 @@ def _start(s: _Slot, resume_dir: str | None, gpu: str | None = None) -> subproce
     """The run's process (_command) in a session of its own (so a terminal's Ctrl-C reaches
     only this one, which passes it on once), seeing only `gpu` (all the sweep sees for
     None), its output in <output_dir>/<run_name>.log."""
-    from labkit.placement import device_env
+    from labkit.machine.placement import device_env
 
     out = Path(s.cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -435,9 +444,7 @@ def _python() -> tuple[str, ...]:
 def _package_path() -> dict:
     """PYTHONPATH for a run's process: the checkout this labkit runs from first (never a
     site-packages), so that the run imports the labkit that started it."""
-    import labkit
-
-    root = Path(labkit.__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[1]  # this module is labkit/sweep.py
     if not (root / "pyproject.toml").is_file():
         return {}
     rest = os.environ.get("PYTHONPATH")

@@ -5,7 +5,7 @@ P prompts, scores them, turns rewards into group-relative advantages, takes
 prompts x answers / global-batch optimizer steps, hands the new weights to the engine and
 appends the step's metrics to the run log. Each phase runs inside a timer that becomes a
 `perf/<phase>_time` metric. The loop stops cleanly between steps on a time limit or a
-signal, and saves what --resume needs (labkit.checkpoint), so a run that dies loses at most
+signal, and saves what --resume needs (labkit.run.checkpoint), so a run that dies loses at most
 the step in progress; a resumed run logs no step twice, and a start that fails leaves nothing.
 
 Held-out accuracy (labkit.evaluation) is measured before the first step and after the
@@ -29,19 +29,26 @@ import torch
 
 from labkit import data as datamod
 from labkit.actor import compute_logprobs, pack_rollout, train_on_rollout
-from labkit.checkpoint import SavePolicy
 from labkit.config import RunConfig
+from labkit.data import encode_prompt
 from labkit.engines.base import Completion, Engine, Sampling
 from labkit.evaluation import EvaluationStopped, evaluation_due, log_evaluation
 from labkit.grpo import compute_advantages
-from labkit.heat import HeatGuard, is_clean, pause_seconds_within
-from labkit.lifecycle import (evaluation_owed, failure_status, finish_run, log_unsynced_step,
-                              save_between_steps, start_run)
-from labkit.metrics import STEP
+from labkit.lifecycle import (
+    evaluation_owed,
+    failure_status,
+    finish_run,
+    log_unsynced_step,
+    save_between_steps,
+    start_run,
+)
+from labkit.machine.heat import HeatGuard, is_clean, pause_seconds_within
 from labkit.reward import score
-from labkit.runlog import Run, open_run_folder
-from labkit.session import Session, encode_prompt, timed
-from labkit.stopping import StopController
+from labkit.run.checkpoint import SavePolicy
+from labkit.run.log import Run, open_run_folder
+from labkit.run.metrics import STEP
+from labkit.run.stopping import StopController
+from labkit.session import Session, timed
 
 CHECKPOINT_RESERVE_S = 30.0  # time kept for the final checkpoint under --time-limit
 
@@ -288,7 +295,7 @@ def _stopping(s: Session) -> bool:
 
 def summarize_step(s: Session, step: int, rollout: Rollout, rewards: torch.Tensor,
                    zero_std: torch.Tensor, batch) -> dict:
-    """The rollout half of a step's metrics (names from labkit.metrics)."""
+    """The rollout half of a step's metrics (names from labkit.run.metrics)."""
     comps = [c for g in rollout.completions for c in g]
     lengths = torch.tensor([len(c.token_ids) for c in comps], dtype=torch.float32)
     all_zero = (rewards == 0).all(dim=1).float().mean()
@@ -332,10 +339,10 @@ def log_samples(s: Session, step: int, rollout: Rollout, rewards: torch.Tensor) 
 # ----------------------------------------------------------------------------- helpers
 def _progress(s: Session, first: int):
     """The bar over the steps, which also shows the rollout's answers and the update's
-    micro-batches of the step in progress (labkit.progress); None with --no-progress."""
+    micro-batches of the step in progress (labkit.run.progress); None with --no-progress."""
     if not s.cfg.progress:
         return None
-    from labkit.progress import StepProgress
+    from labkit.run.progress import StepProgress
 
     # the update runs the transformer body (actor._forward_logprobs), not the policy's forward
     body = getattr(s.policy, "base_model", s.policy)
@@ -349,6 +356,6 @@ def _advance(bar, metrics: dict) -> None:
     if bar is not None:
         bar.advance(metrics)
     else:
-        from labkit.progress import step_line
+        from labkit.run.progress import step_line
 
         print(step_line(metrics), flush=True)

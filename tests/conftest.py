@@ -6,7 +6,6 @@ import string
 from pathlib import Path
 
 import pytest
-
 import torch
 
 # Tiny models gain nothing from two threads, and OpenMP's spinning makes them crawl when

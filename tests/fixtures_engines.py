@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from labkit.engines.hf import HFEngine
-
-from labkit.serving.processes import ServeError
 from labkit.serving.cluster import router_binary
+from labkit.serving.processes import ServeError
 
 
 def have_router(name: str = "vllm-router") -> bool:

@@ -6,14 +6,14 @@ test_gains, test_costs, test_compare."""
 
 from __future__ import annotations
 
-
 import pytest
-
 from fixtures_runs import CLEAN_N4, write_course_runs
 from public_faces import assert_reexports, names_used_in_notebooks
-from labkit import analysis, metrics
-from labkit.analysis import plots
-from labkit.analysis import costs, gains, heldout, runframe, table
+
+from labkit import analysis
+from labkit.analysis import costs, gains, heldout, plots, runframe, table
+from labkit.run import metrics
+
 
 def test_public_names_are_the_home_modules():
     assert_reexports(analysis, (metrics, runframe, gains, heldout, costs, table, plots))

@@ -8,12 +8,11 @@ during a whole `labkit.launch` is counted by a saved-tensors hook, with and with
 from __future__ import annotations
 
 import torch
+from conftest import build_tiny_model
 
 import labkit
 from labkit.actor import mode
 from labkit.models import disable_dropout
-
-from conftest import build_tiny_model
 
 
 def _saved_bytes(cfg) -> int:

@@ -12,11 +12,17 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from labkit.serving.client import (
-    EventLog, RetryPolicy, RolloutClient, RolloutFailed, RolloutStopped, RouterUnavailable, error_code,
-)
 from labkit.engines.base import Sampling
 from labkit.engines.http import HttpEngine
+from labkit.serving.client import (
+    EventLog,
+    RetryPolicy,
+    RolloutClient,
+    RolloutFailed,
+    RolloutStopped,
+    RouterUnavailable,
+    error_code,
+)
 from labkit.serving.watchdog import Policy, Watchdog
 
 

@@ -122,7 +122,7 @@ def test_optional_number_flags_parse_as_numbers():
 
 # ------------------------------------------------------------------ numbers are checked
 FLOAT_FIELDS = [f.name for f in __import__("dataclasses").fields(RunConfig)
-                if str(f.type) in ("float", "Optional[float]")]
+                if str(f.type) in ("float", "float | None")]
 
 
 @pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-
 import pytest
-
 from fixtures_runs import CLEAN_N4, small_run
+
 from labkit.analysis.costs import common_clean_steps, run_costs
 from labkit.analysis.runframe import load_runs
 

@@ -1,11 +1,11 @@
-"""labkit.cpuload: torch computes on the cores other work leaves free, and a busy CPU is said."""
+"""labkit.machine.cpuload: torch computes on the cores other work leaves free, and a busy CPU is said."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from labkit import cpuload
+from labkit.machine import cpuload
 
 
 @pytest.fixture()

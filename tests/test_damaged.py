@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from labkit.cli import main
-from labkit.metrics import STEP
-from labkit.runlog import Run, read_jsonl
+from labkit.run.log import Run, read_jsonl
+from labkit.run.metrics import STEP
 from labkit.trainer import train
 
 

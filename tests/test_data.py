@@ -12,8 +12,14 @@ from pathlib import Path
 import pytest
 
 from labkit.data import (
-    SYSTEM_PROMPT, Problem, build_messages, extract_label, load_problems, rollout_problems,
-    split_eval, synthetic_problems,
+    SYSTEM_PROMPT,
+    Problem,
+    build_messages,
+    extract_label,
+    load_problems,
+    rollout_problems,
+    split_eval,
+    synthetic_problems,
 )
 from labkit.errors import DataError
 from labkit.reward import math_reward

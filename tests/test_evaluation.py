@@ -7,13 +7,13 @@ import json
 import math
 
 import pytest
+from waiting import Lines
 
 from labkit.data import Problem
 from labkit.engines.base import Completion, Engine
 from labkit.evaluation import eval_name, evaluate
-from labkit.metrics import STEP, describe
+from labkit.run.metrics import STEP, describe
 from labkit.trainer import train
-from waiting import Lines
 
 
 class AnswerBook(Engine):
@@ -185,7 +185,7 @@ def test_a_long_chosen_evaluation_says_how_long(tiny_cfg, monkeypatch, capsys):
 
 
 def test_the_python_api_resumes_an_auto_run_with_its_recorded_size(small):
-    from labkit.runlog import config_mismatches, saved_config
+    from labkit.run.log import config_mismatches, saved_config
 
     first = train(small.replace(num_rollout=1, save_interval=1))
     recorded = config_of(first)["eval_split_size"]
@@ -239,7 +239,7 @@ def test_a_cancel_ends_the_transformers_engine_at_the_next_token(tiny_model_dir)
 # ------------------------------------------------------------------ a stop during it
 def test_a_stop_during_the_evaluation_ends_it_and_the_run_resumes(small, monkeypatch, capsys):
     from labkit.engines import hf
-    from labkit.stopping import StopController
+    from labkit.run.stopping import StopController
 
     stopper, asked = StopController(None), []
     real = hf._CancelCheck.__call__
@@ -271,7 +271,7 @@ SIGTERM_CHILD = """
 import sys
 from labkit.config import RunConfig
 from labkit.engines import hf
-from labkit.stopping import exit_code
+from labkit.run.stopping import exit_code
 from labkit.trainer import train
 
 real = hf.HFEngine._generate_chunk
@@ -301,7 +301,7 @@ def test_sigterm_during_the_evaluation_stops_it_and_logs_no_step(tiny_model_dir,
     import sys
     from pathlib import Path
 
-    from labkit.runlog import Run
+    from labkit.run.log import Run
 
     repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
@@ -353,9 +353,9 @@ def test_a_sigterm_during_the_evaluation_after_the_last_step_stops_and_resume_do
     import signal
 
     import labkit.trainer as trainer
-    from labkit.checkpoint import latest_checkpoint
     from labkit.engines import hf
-    from labkit.stopping import exit_code
+    from labkit.run.checkpoint import latest_checkpoint
+    from labkit.run.stopping import exit_code
 
     cfg = tiny_cfg.replace(eval_split_size=3, num_rollout=2, rollout_max_response_len=16)
     real_eval, real_check = trainer.log_evaluation, hf._CancelCheck.__call__
@@ -396,7 +396,7 @@ def test_a_sigterm_during_the_evaluation_after_the_last_step_stops_and_resume_do
 
 
 def test_a_run_killed_after_its_first_evaluation_does_not_evaluate_the_start_twice(tiny_cfg):
-    from labkit.runlog import open_run_folder
+    from labkit.run.log import open_run_folder
 
     cfg = tiny_cfg.replace(eval_split_size=2)
     run_dir, log, _ = open_run_folder(cfg, None)  # evaluated, then killed in step 0

@@ -17,9 +17,10 @@ import torch
 import labkit
 from labkit.cli import main as labkit_main
 from labkit.course import exercises, profiles, students
-from labkit.serving.client import RetryPolicy
-from labkit.course.exercises import BEGIN as BEGIN_MARK, ExerciseError, check
+from labkit.course.exercises import BEGIN as BEGIN_MARK
+from labkit.course.exercises import ExerciseError, check
 from labkit.course.students import student_notebook, student_source
+from labkit.serving.client import RetryPolicy
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -695,7 +696,7 @@ def test_the_gpu_profile_takes_local_copies_and_the_miles_script_names_the_hub_m
 
 
 def test_checkpoints_lists_the_run_folders_that_keep_one(tmp_path, tiny_cfg):
-    from labkit.stopping import StopController
+    from labkit.run.stopping import StopController
 
     stopper = StopController(None)
     original = stopper.record_step

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
 from fixtures_runs import small_run, write_run
+
 from labkit.analysis.gains import bootstrap_gain, group_gains, inside_one_range, run_gains
 from labkit.analysis.runframe import AnalysisError, load_runs
 

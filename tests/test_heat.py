@@ -9,8 +9,8 @@ import types
 
 import pytest
 
-from labkit import heat
-from labkit.heat import HeatGuard, Pause, ScriptedSensor, is_clean, make_guard, pause_seconds_within
+from labkit.machine import heat
+from labkit.machine.heat import HeatGuard, Pause, ScriptedSensor, is_clean, make_guard, pause_seconds_within
 
 T0 = 1_700_000_000.0  # a unix time
 
@@ -63,7 +63,8 @@ def test_pause_threshold_is_inclusive_and_between_is_not_hot():
 
 def test_temperature_as_function_of_clock_cools_linearly():
     clock = FakeClock()
-    cooling = lambda t: 95.0 - 2.0 * (t - T0)       # 95 C now, 2 C per second
+    def cooling(t):  # 95 C now, 2 C per second
+        return 95.0 - 2.0 * (t - T0)
     guard, _, clock, _ = make(cooling, clock=clock)
     p = guard.wait_if_hot(7)
     assert p.start == T0 and p.end == T0 + 10 and p.peak_c == 95.0   # 95 - 20 = 75 at t0 + 10

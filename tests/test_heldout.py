@@ -6,8 +6,8 @@ import json
 import math
 
 import pytest
-
 from fixtures_runs import small_run
+
 from labkit.analysis.heldout import group_heldout, heldout_gains, read_evaluations
 from labkit.analysis.runframe import AnalysisError, load_runs
 

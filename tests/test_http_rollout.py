@@ -23,24 +23,28 @@ import pytest
 import torch
 from aiohttp import web
 
-from labkit.checkpoint import latest_checkpoint
-from labkit.serving.client import RouterUnavailable
 from labkit.config import ConfigError, RunConfig, config_from_args
 from labkit.engines.http import HttpEngine
 from labkit.engines.weight_sync import (
-    STALE_SYNC_AGE_S, SYNC_FOLDER_PREFIX, WeightSyncFailed, make_sync_folder,
-    remove_stale_sync_folders, sync_weights, write_weights,
+    STALE_SYNC_AGE_S,
+    SYNC_FOLDER_PREFIX,
+    WeightSyncFailed,
+    make_sync_folder,
+    remove_stale_sync_folders,
+    sync_weights,
+    write_weights,
 )
-from labkit.metrics import METRICS
-from labkit.runlog import RunLogError, open_run_folder
-from labkit.serving.processes import find_free_base_port
+from labkit.run.checkpoint import latest_checkpoint
+from labkit.run.log import RunLogError, open_run_folder
+from labkit.run.metrics import METRICS
+from labkit.serving.client import RouterUnavailable
 from labkit.serving.cluster import Cluster, ServeConfig
+from labkit.serving.processes import find_free_base_port
 from labkit.trainer import train
 
 REPO = Path(__file__).parents[1]
 
 from fixtures_engines import have_router  # noqa: E402
-
 
 CLIENT = ["client/requests", "client/failed_attempts", "client/503s", "client/retried_requests",
           "client/max_attempts", "client/stalls", "client/engines_synced", "client/weights_write_time",

@@ -26,14 +26,13 @@ import pytest
 import torch
 
 from labkit.engines.base import Sampling
-from labkit.serving.processes import find_free_base_port, group_members
 from labkit.serving.cluster import Cluster, ServeConfig
+from labkit.serving.processes import find_free_base_port, group_members
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 from fixtures_engines import have_router, perturb_like_an_update  # noqa: E402
-
 
 pytestmark = [
     pytest.mark.vllm,
@@ -78,8 +77,8 @@ def trainer_model(smollm2_folder):
 
 @pytest.fixture(scope="module")
 def prompt_ids(smollm2_folder) -> list[int]:
-    from labkit.models import load_tokenizer
     from labkit.data import prompt_token_ids
+    from labkit.models import load_tokenizer
 
     return prompt_token_ids(load_tokenizer(smollm2_folder), PROMPT)
 

@@ -7,10 +7,10 @@ import re
 
 import pytest
 import torch
+from fixtures_engines import Served
 
 import labkit
 from labkit.engines import keep
-from fixtures_engines import Served
 
 
 def test_a_rerun_takes_the_engine_back_with_the_starting_weights(tiny_cfg, served, capsys):

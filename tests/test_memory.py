@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from labkit import memory
 from labkit.config import RunConfig
+from labkit.machine import memory
 
 QWEN05 = memory.ModelShape(params=494_032_768, vocab=151_936, layers=24, hidden=896)
 H200_FREE = 139.0

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import importlib
 
-from labkit import miles
-from labkit.miles import backend as miles_backend, command as miles_command, log as miles_log
 from public_faces import assert_reexports, names_used_in_notebooks
+
+from labkit import miles
+from labkit.miles import backend as miles_backend
+from labkit.miles import command as miles_command
+from labkit.miles import log as miles_log
+
 
 def test_public_names_are_the_home_modules():
     assert_reexports(miles, (miles_command, miles_log, miles_backend))

@@ -16,9 +16,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from labkit.miles import backend as miles_backend, command as miles_command, log as miles_log
 from labkit.config import RunConfig
 from labkit.data import Problem, build_messages, load_problems, rollout_problems
+from labkit.miles import backend as miles_backend
+from labkit.miles import command as miles_command
+from labkit.miles import log as miles_log
 
 GSM8K = Path(__file__).parents[1] / ".." / "shared" / "data" / "gsm8k"
 REPO = Path(__file__).parents[1]
@@ -89,7 +91,8 @@ def _stand_in(tmp_path: Path, layout: str = "main") -> dict:
             "RAY_FAKE_STATE": str(state), "FAKE_TRAIN_RECORD": str(tmp_path / "train_runs.jsonl")}
 
 
-def _write_script(tmp_path: Path, cfg: RunConfig = RunConfig()) -> Path:
+def _write_script(tmp_path: Path, cfg: RunConfig | None = None) -> Path:
+    cfg = RunConfig() if cfg is None else cfg
     run_dir = tmp_path / "run"
     run_dir.mkdir(exist_ok=True)
     (run_dir / miles_backend.PROMPTS).write_text("")
@@ -250,7 +253,8 @@ def test_prompt_order_is_labkit_order_at_any_batch_size():
 
 def test_reward_hook_scores_with_labkits_reward():
     args = SimpleNamespace(rm_type="math")
-    sample = lambda text: SimpleNamespace(response=text, label="42")
+    def sample(text):
+        return SimpleNamespace(response=text, label="42")
     assert asyncio.run(miles_backend.miles_reward(args, sample("so 40 + 2\n#### 42"))) == 1.0
     assert asyncio.run(miles_backend.miles_reward(args, sample("the answer is \\boxed{42}"))) == 1.0
     group = [sample("#### 41"), sample("#### 42")]

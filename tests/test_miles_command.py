@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from labkit.miles import command as miles_command
 from labkit.config import RunConfig, resolve_args
+from labkit.miles import command as miles_command
 
 # The recipe (32 prompts x 8 answers, global batch 256) as miles flags, written out by hand.
 RECIPE_FLAGS = {

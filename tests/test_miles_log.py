@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from labkit.miles import log as miles_log
-from labkit.metrics import METRICS, STEP
+from labkit.run.metrics import METRICS, STEP
 
 FIXTURES = Path(__file__).parent / "fixtures" / "miles"
 

@@ -8,7 +8,6 @@ import json
 import re
 
 import pytest
-
 from public_faces import NOTEBOOKS
 
 DOTTED = re.compile(r"\blabkit(?:\.\w+)+")

@@ -1,4 +1,4 @@
-"""labkit.placement: a sweep's runs on every GPU, as many on each as its free memory holds.
+"""labkit.machine.placement: a sweep's runs on every GPU, as many on each as its free memory holds.
 
 The machine is simulated: the driver's answers (how many GPUs, each one's free GiB) are
 monkeypatched, and a run's process is a fake child (FAKE_RUN) that writes its run folder,
@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from labkit import memory, placement, sweep
+from labkit import sweep
 from labkit.config import ConfigError
+from labkit.machine import memory, placement
 
 QWEN05 = memory.ModelShape(params=494_032_768, vocab=151_936, layers=24, hidden=896)
 # What a GPU with this much free holds of the tiny config's runs, sized as the recipe's model
@@ -121,7 +122,7 @@ def _driven(script, let_go):
     def body():
         try:
             script()
-        except Exception as e:  # noqa: BLE001 - said by the test's assertion
+        except Exception as e:  # said by the test's assertion
             failed.append(f"{e.__class__.__name__}: {e}")
             let_go()
 

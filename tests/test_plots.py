@@ -5,9 +5,9 @@ from __future__ import annotations
 import matplotlib
 import pandas as pd
 import pytest
+from fixtures_runs import CLEAN_N4, write_course_runs
 from matplotlib.collections import PolyCollection
 
-from fixtures_runs import CLEAN_N4, write_course_runs
 from labkit import analysis
 from labkit.analysis import plots
 

@@ -1,4 +1,4 @@
-"""labkit.progress and Engine.progress: a step shows where it is, the rollout's answers, then the update."""
+"""labkit.run.progress and Engine.progress: a step shows where it is, the rollout's answers, then the update."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 import labkit
 from labkit.engines.base import Sampling
 from labkit.engines.hf import HFEngine, _ProgressCounter
-from labkit.progress import StepProgress, clock_text, step_line, time_left
+from labkit.run.progress import StepProgress, clock_text, step_line, time_left
 
 
 class Bar:

@@ -19,7 +19,7 @@ import pytest
 import labkit
 import labkit.analysis
 import labkit.course.profiles as profiles
-from labkit.checkpoint import latest_checkpoint
+from labkit.run.checkpoint import latest_checkpoint
 
 LESSON = Path(__file__).resolve().parents[1] / "notebooks" / "03_group_size.ipynb"
 

@@ -16,10 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from labkit import reward, verifier
+from labkit import reward
 from labkit.reward import (
-    REWARDS, extract_final_answer, load_reward, math_reward, parse_number, score,
-    verify_with_timeout,
+    REWARDS,
+    extract_final_answer,
+    load_reward,
+    math_reward,
+    parse_number,
+    score,
+    verifier,
 )
 
 
@@ -473,7 +478,7 @@ def test_hostile_and_plain_checks_from_a_thread_pool(monkeypatch):
 
 def test_the_worker_leaves_when_its_parent_dies(tmp_path):
     """A trainer killed with SIGKILL leaves no math-verify worker behind."""
-    code = ("import os, sys; from labkit import verifier; verifier.warm_up(); "
+    code = ("import os, sys; from labkit.reward import verifier; verifier.warm_up(); "
             "print(verifier.worker_pid(), flush=True); sys.stdin.readline(); os._exit(1)")
     parent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, cwd=tmp_path,

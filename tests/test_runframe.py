@@ -9,8 +9,8 @@ import types
 import numpy as np
 import pandas as pd
 import pytest
-
 from fixtures_runs import CLEAN_N4, PAUSED_N4, rewards_with_gain, small_run
+
 from labkit.analysis.gains import run_gains
 from labkit.analysis.runframe import AnalysisError, load_runs
 
@@ -187,7 +187,7 @@ def test_a_copied_run_folder_is_one_run_not_two_seeds(tmp_path):
 
 def test_with_steps_keeps_the_runs_that_logged_a_step(tmp_path, capsys):
     from labkit.analysis import with_steps
-    from labkit.runlog import Run
+    from labkit.run.log import Run
 
     small_run(tmp_path, "a", n_steps=3)
     (tmp_path / "b").mkdir()  # a run stopped while its model loaded: a folder, no step

@@ -1,4 +1,4 @@
-"""labkit.runlog: files rewritten in place keep their mode; the folder's lock; lines set aside."""
+"""labkit.run.log: files rewritten in place keep their mode; the folder's lock; lines set aside."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from labkit.runlog import RunLog, RunLogError, write_text_atomic
+from labkit.run.log import RunLog, RunLogError, write_text_atomic
 
 
 @pytest.fixture()
@@ -37,7 +37,7 @@ def _run_folder(tmp_path):
 def test_the_lock_of_a_live_trainer_refuses_and_a_dead_ones_is_taken_over(tmp_path, capsys):
     run = _run_folder(tmp_path)
     holder = subprocess.Popen(  # another process holds the folder, then is killed
-        [sys.executable, "-c", "import sys, time; from labkit.runlog import RunLog; "
+        [sys.executable, "-c", "import sys, time; from labkit.run.log import RunLog; "
          f"log = RunLog.open({str(run)!r}); print('held', flush=True); sys.stdin.read()"],  # holds it until killed
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ})
     try:
@@ -72,7 +72,7 @@ def test_two_starts_of_one_run_at_once_the_loser_is_refused_and_removes_nothing(
     and the second's folder, config and lock stay as they were."""
     import threading
 
-    from labkit import runlog
+    from labkit.run import log as runlog
 
     run = tmp_path / "runs" / "fixed"
     if by_hand:
@@ -116,8 +116,8 @@ def test_a_new_run_folder_gets_the_users_umask(tmp_path, umask_022):
 def test_a_line_the_disk_has_no_room_for_is_said_and_leaves_no_half_line(tmp_path, monkeypatch):
     import errno
 
-    from labkit.metrics import STEP
-    from labkit.runlog import WriteFailed
+    from labkit.run.log import WriteFailed
+    from labkit.run.metrics import STEP
 
     run = _run_folder(tmp_path)
     log = RunLog.open(run)
@@ -139,7 +139,7 @@ def test_a_line_the_disk_has_no_room_for_is_said_and_leaves_no_half_line(tmp_pat
 
 
 def test_evaluations_after_the_checkpoint_are_set_aside_with_their_steps(tmp_path):
-    from labkit.metrics import STEP
+    from labkit.run.metrics import STEP
 
     run = _run_folder(tmp_path)
     log = RunLog.open(run)

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from labkit.serving.client import RolloutClient
+from labkit.cli import serve_config
 from labkit.engines.base import Sampling
 from labkit.engines.http import HttpEngine
-from labkit.serving.processes import PortInUse, ServeError, check_ports_free, find_free_base_port, group_members
-from labkit.cli import serve_config
+from labkit.serving.client import RolloutClient
 from labkit.serving.cluster import Cluster, ServeConfig, engine_command
+from labkit.serving.processes import PortInUse, ServeError, check_ports_free, find_free_base_port, group_members
 
 REPO = Path(__file__).parents[1]
 

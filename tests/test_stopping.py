@@ -8,13 +8,12 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
-
-from labkit.stopping import StopController
 from waiting import Lines
+
+from labkit.run.stopping import StopController
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -104,7 +103,7 @@ def test_a_limit_shorter_than_the_reserve_still_runs_steps():
 
 
 def test_exit_codes_tell_the_stops_apart():
-    from labkit.stopping import exit_code
+    from labkit.run.stopping import exit_code
 
     assert exit_code({"reason": "completed"}) == 0
     assert exit_code({"reason": "time_limit"}) == 124
@@ -196,7 +195,7 @@ def test_install_off_the_main_thread_installs_nothing_and_says_so():
 # sends "during step 1" lands there however slow the machine is.
 LOOP = """
 import os, sys, time
-from labkit.stopping import StopController
+from labkit.run.stopping import StopController
 
 folder = sys.argv[1]
 with StopController(None) as stop:

@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
-
-from labkit import memory, placement, sweep
-from labkit.config import ConfigError
-from labkit.runlog import RunLogError, read_jsonl
-
 from conftest import folder_with_a_labkit
+
+from labkit import sweep
+from labkit.config import ConfigError
+from labkit.machine import memory, placement
+from labkit.run.log import RunLogError, read_jsonl
 
 REWARD = '''
 import os, signal, sys, time
@@ -327,7 +327,7 @@ def test_a_side_by_side_run_that_ran_out_of_gpu_memory_is_said_so(tiny_cfg):
     import subprocess
     import sys
 
-    from labkit.runlog import RunLog
+    from labkit.run.log import RunLog
 
     slot = sweep._Slot(tiny_cfg.replace(run_name="oom"))
     log = RunLog.create(slot.dir, tiny_cfg.to_dict())

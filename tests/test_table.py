@@ -7,11 +7,11 @@ import warnings
 from pathlib import Path
 
 import pytest
-
 from fixtures_runs import CLEAN_N4, small_run
+
+from labkit.analysis.runframe import AnalysisError, load_runs
 from labkit.analysis.table import check_comparable, compare, render_table
 from labkit.cli import main as labkit_main
-from labkit.analysis.runframe import AnalysisError, load_runs
 
 
 def test_compare_table(runs):

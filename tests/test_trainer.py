@@ -1,8 +1,8 @@
 """The GRPO loop end to end with a tiny random model: the log, the update, stop and resume."""
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,17 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from waiting import Lines
 
 import labkit
-from labkit.checkpoint import latest_checkpoint
-from labkit.heat import HeatGuard, ScriptedSensor
-from labkit.metrics import METRICS, STEP
-from labkit.runlog import Run
-from labkit.runlog import RunLogError
 from labkit.errors import DataError
-from labkit.stopping import StopController
+from labkit.machine.heat import HeatGuard, ScriptedSensor
+from labkit.run.checkpoint import latest_checkpoint
+from labkit.run.log import Run, RunLogError
+from labkit.run.metrics import METRICS, STEP
+from labkit.run.stopping import StopController
 from labkit.trainer import train
-from waiting import Lines
 
 REQUIRED = [
     STEP, "rollout/raw_reward", "rollout/raw_reward_std", "rollout/right_frac",
@@ -136,7 +135,7 @@ def test_heat_pause_marks_the_step_not_clean(tiny_cfg, monkeypatch):
     run = train(tiny_cfg, guard=guard)
     assert run.metrics["heat/clean"].tolist() == [False, True]
     assert run.metrics["heat/pause_time"].iloc[0] > 0
-    pauses = [json.loads(l) for l in (run.dir / "heat.jsonl").read_text().splitlines()]
+    pauses = [json.loads(line) for line in (run.dir / "heat.jsonl").read_text().splitlines()]
     assert len(pauses) == 1 and pauses[0]["step"] == 0 and pauses[0]["peak_c"] == 95
 
 
@@ -292,7 +291,7 @@ def test_resume_sets_aside_metrics_samples_and_heat_logged_after_the_checkpoint(
 
 
 def test_a_second_trainer_on_one_run_folder_is_refused(tiny_cfg):
-    from labkit.runlog import RunLog
+    from labkit.run.log import RunLog
 
     run = train(tiny_cfg.replace(save_interval=1))
     holder = RunLog.open(run.dir)  # another trainer holds the folder
@@ -306,7 +305,7 @@ def test_a_second_trainer_on_one_run_folder_is_refused(tiny_cfg):
 
 
 def test_a_full_disk_at_the_final_checkpoint_still_writes_the_status(tiny_cfg, monkeypatch):
-    import labkit.checkpoint as checkpoint
+    import labkit.run.checkpoint as checkpoint
 
     def disk_full(obj, f):  # what torch raises when the disk fills during torch.save
         f.write(b"\0" * 100)
@@ -328,7 +327,7 @@ def test_a_checkpoint_that_fills_the_disk_ends_the_run_with_a_status_and_is_not_
         tiny_cfg, monkeypatch):
     import errno
 
-    import labkit.checkpoint as checkpoint
+    import labkit.run.checkpoint as checkpoint
 
     calls = []
 
@@ -353,7 +352,7 @@ def test_a_checkpoint_that_fills_the_disk_ends_the_run_with_a_status_and_is_not_
 def test_the_resume_refusal_says_how_the_run_stopped_when_its_status_does(tiny_cfg, monkeypatch):
     import errno
 
-    import labkit.checkpoint as checkpoint
+    import labkit.run.checkpoint as checkpoint
     import labkit.trainer as trainer
 
     def no_room(obj, f):
@@ -381,7 +380,7 @@ def test_the_resume_refusal_says_how_the_run_stopped_when_its_status_does(tiny_c
 
 FULL_DISK = """
 import sys
-import labkit.checkpoint as checkpoint
+import labkit.run.checkpoint as checkpoint
 from labkit.config import RunConfig
 from labkit.trainer import train
 
@@ -425,7 +424,7 @@ def test_a_real_full_disk_during_a_checkpoint_still_leaves_the_status(tiny_cfg, 
 STOPPABLE = HOLD + """
 import sys
 import torch
-import labkit.checkpoint as checkpoint
+import labkit.run.checkpoint as checkpoint
 import labkit.lifecycle as lifecycle
 import labkit.trainer as trainer
 from labkit.cli import main
@@ -549,7 +548,7 @@ def test_a_second_signal_inside_the_checkpoints_writer_is_said_as_that_signal(ti
     in there comes out of torch.save as "unexpected pos ...", which read as a failed write."""
     import builtins
 
-    import labkit.checkpoint as checkpoint
+    import labkit.run.checkpoint as checkpoint
     import labkit.trainer as trainer
 
     real_step, sent = trainer.run_step, []
@@ -722,7 +721,7 @@ def test_sigterm_while_loading_stops_before_the_first_step_with_a_status(tiny_cf
 
 
 def test_a_run_killed_in_its_first_step_resumes_from_step_0_logging_each_sample_once(tiny_cfg):
-    from labkit.runlog import open_run_folder
+    from labkit.run.log import open_run_folder
 
     run_dir, log, _ = open_run_folder(tiny_cfg, None)  # started, then killed in step 0
     log.append_samples([{STEP: 0, "prompt_id": "synthetic/train/1", "completion": "old"}])
@@ -733,7 +732,7 @@ def test_a_run_killed_in_its_first_step_resumes_from_step_0_logging_each_sample_
 
 
 def test_a_stop_before_the_first_step_says_so_not_after_step_minus_one(tiny_cfg, capsys):
-    from labkit.stopping import StopController
+    from labkit.run.stopping import StopController
 
     stopper = StopController(None)
     stopper.request_stop("SIGINT", kind="signal")  # a press of ■ while the model loads

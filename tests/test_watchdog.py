@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from labkit.course.incidents import BurstSpec, course_scenario, make_scenario, write_scenario
 from labkit.cli import main as labkit_main
+from labkit.course.incidents import BurstSpec, course_scenario, make_scenario, write_scenario
 from labkit.serving.replay import read_events, replay
 from labkit.serving.watchdog import Policy, Watchdog
 
@@ -158,7 +158,8 @@ def test_write_scenario_refuses_a_name_without_constructed(tmp_path):
 def test_replay_main_prints_the_table_and_saves_the_plot(tmp_path, capsys):
     path = write_scenario(tmp_path / "small.constructed.jsonl",
                           make_scenario([BurstSpec(5.0, 10.0, 6.0)], step_s=40.0, requests=16))
-    assert labkit_main(["replay", str(path), "--burst-gap", "4", "--on-burst", "lower", "--out", str(tmp_path / "o")]) == 0
+    assert labkit_main(["replay", str(path), "--burst-gap", "4", "--on-burst", "lower",
+                        "--out", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
     assert "bursts (gap > 4 s ends one): 1" in out and "lower" in out
     assert (tmp_path / "o" / "small.constructed-timeline.png").stat().st_size > 0

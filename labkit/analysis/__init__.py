@@ -21,22 +21,60 @@ face re-exports it:
 
 from __future__ import annotations
 
-from labkit.analysis.table import check_comparable, compare, drop_unfinished, render_table
 from labkit.analysis.costs import common_clean_steps, run_costs
-from labkit.analysis.gains import (EARLY, LATE, REFERENCE, SETTINGS, Verdict, bootstrap_gain,
-                                   end_windows, group_gains, inside_one_range, refuse_mixed_settings,
-                                   reward_at_ends, reward_parts, reward_rise, run_gains,
-                                   window_rewards)
+from labkit.analysis.gains import (
+                                   EARLY,
+                                   LATE,
+                                   REFERENCE,
+                                   SETTINGS,
+                                   Verdict,
+                                   bootstrap_gain,
+                                   end_windows,
+                                   group_gains,
+                                   inside_one_range,
+                                   refuse_mixed_settings,
+                                   reward_at_ends,
+                                   reward_parts,
+                                   reward_rise,
+                                   run_gains,
+                                   window_rewards,
+)
 from labkit.analysis.heldout import group_heldout, heldout_gains, heldout_verdict, read_evaluations
-from labkit.analysis.plots import (heldout_plot, plot_all, response_length_curve, reward_curve,
-                                   rollout_time_curve, save_figure, zero_std_curve)
-from labkit.metrics import STEP
-from labkit.analysis.runframe import (CONFIG_COLUMNS, CONSTRUCTED, HEAT_CLEAN, METRIC_FALLBACK,
-                                      MILES_INFO, MILES_LOG, RESPONSE_LEN, REWARD, RIGHT,
-                                      ROLLOUT_TIME, TOKENS, ZERO_STD, AnalysisError, PathLike,
-                                      Runs, as_runs,
-                                      find_sources, is_constructed, load_runs, metric_values,
-                                      steps_text, with_steps)
+from labkit.analysis.plots import (
+                                   heldout_plot,
+                                   plot_all,
+                                   response_length_curve,
+                                   reward_curve,
+                                   rollout_time_curve,
+                                   save_figure,
+                                   zero_std_curve,
+)
+from labkit.analysis.runframe import (
+                                   CONFIG_COLUMNS,
+                                   CONSTRUCTED,
+                                   HEAT_CLEAN,
+                                   METRIC_FALLBACK,
+                                   MILES_INFO,
+                                   MILES_LOG,
+                                   RESPONSE_LEN,
+                                   REWARD,
+                                   RIGHT,
+                                   ROLLOUT_TIME,
+                                   TOKENS,
+                                   ZERO_STD,
+                                   AnalysisError,
+                                   PathLike,
+                                   Runs,
+                                   as_runs,
+                                   find_sources,
+                                   is_constructed,
+                                   load_runs,
+                                   metric_values,
+                                   steps_text,
+                                   with_steps,
+)
+from labkit.analysis.table import check_comparable, compare, drop_unfinished, render_table
+from labkit.run.metrics import STEP
 
 __all__ = [
     # loading (labkit.analysis.runframe)

@@ -19,9 +19,8 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from labkit.metrics import STEP
-from labkit.analysis.runframe import (RESPONSE_LEN, ROLLOUT_TIME, TOKENS, ZERO_STD, Runs, as_runs,
-                                      metric_values)
+from labkit.analysis.runframe import RESPONSE_LEN, ROLLOUT_TIME, TOKENS, ZERO_STD, Runs, as_runs, metric_values
+from labkit.run.metrics import STEP
 
 STEP_TIME = "perf/step_time"
 

@@ -23,9 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from labkit.metrics import STEP
-from labkit.analysis.runframe import (REWARD, RIGHT, AnalysisError, Runs, as_runs,
-                                      is_constructed, steps_text)
+from labkit.analysis.runframe import REWARD, RIGHT, AnalysisError, Runs, as_runs, is_constructed, steps_text
+from labkit.run.metrics import STEP
 
 EARLY = (0, 7)  # the course's windows: steps 0-7 and 16-23 of a 24-step run
 LATE = (16, 23)

@@ -22,7 +22,7 @@ import pandas as pd
 
 from labkit.analysis.gains import setting
 from labkit.analysis.runframe import AnalysisError, Runs, as_runs
-from labkit.runlog import EVAL
+from labkit.run.log import EVAL
 
 SETTING = ["prompts", "group_size"]  # what a setting is in the group-size comparison
 

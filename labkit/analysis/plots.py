@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import matplotlib
 
@@ -43,9 +43,17 @@ from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
 from labkit.analysis.costs import common_clean_steps, run_costs  # noqa: E402
 from labkit.analysis.gains import EARLY, LATE  # noqa: E402
-from labkit.metrics import STEP  # noqa: E402
 from labkit.analysis.runframe import (  # noqa: E402
-    RESPONSE_LEN, REWARD, ROLLOUT_TIME, ZERO_STD, Runs, as_runs, is_constructed, metric_values)
+    RESPONSE_LEN,
+    REWARD,
+    ROLLOUT_TIME,
+    ZERO_STD,
+    Runs,
+    as_runs,
+    is_constructed,
+    metric_values,
+)
+from labkit.run.metrics import STEP  # noqa: E402
 
 STEP_LABEL = "step (rollout index, from 0)"
 PAUSE_COLOR = "tab:red"

@@ -2,13 +2,13 @@
 
 The gains, costs, table and figures of the group-size lesson all start from this frame.
 Each row carries the run's config columns (group size, prompts, global batch, seed, model,
-engine, lr), where it came from, every metric the run logged (labkit.metrics names), and
+engine, lr), where it came from, every metric the run logged (labkit.run.metrics names), and
 heat columns: ``heat_pause_s`` (seconds of heat.jsonl pauses inside the step), ``clean``
 (no heat pause touched the rollout: a GPU that pauses to cool makes a rollout look slow)
 and ``heat_guard`` (the run logged heat/clean). A run that logged no `heat/clean` (made
 before the heat guard) counts its steps as clean unless its heat.jsonl records a pause.
 
-Runs come from labkit run folders (see labkit.runlog) or from miles logs (labkit.miles.log).
+Runs come from labkit run folders (see labkit.run.log) or from miles logs (labkit.miles.log).
 
 A run whose name contains "constructed" is made up (a lesson's exercise needs, say, a run
 with heat pauses, and none of ours had one). It is never read as a measurement by accident:
@@ -22,15 +22,16 @@ import json
 import os
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Union
 
 import numpy as np
 import pandas as pd
 
 from labkit.errors import LabkitError
-from labkit.metrics import STEP
-from labkit.runlog import CONFIG, HEAT, METRICS, STATUS, read_jsonl
+from labkit.run.log import CONFIG, HEAT, METRICS, STATUS, read_jsonl
+from labkit.run.metrics import STEP
 
 REWARD = "rollout/raw_reward"
 RIGHT = "rollout/right_frac"  # the share of answers that got the full reward: the right ones
@@ -260,7 +261,7 @@ def _read_json(path: Path) -> dict:
 
 
 def _text_rows(path: Path) -> tuple[list[dict], int]:
-    """A run's JSONL file as rows (labkit.runlog.read_jsonl); one that is not text (a binary
+    """A run's JSONL file as rows (labkit.run.log.read_jsonl); one that is not text (a binary
     file in its place) is an AnalysisError naming it."""
     try:
         return read_jsonl(path)

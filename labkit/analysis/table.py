@@ -17,12 +17,20 @@ import warnings
 import pandas as pd
 
 from labkit.analysis.costs import common_clean_steps, run_costs
-from labkit.analysis.gains import (EARLY, LATE, REFERENCE, check_window, group_gains,
-                                   inside_one_range, refuse_mixed_settings, run_gains,
-                                   shared_seeds)
+from labkit.analysis.gains import (
+    EARLY,
+    LATE,
+    REFERENCE,
+    check_window,
+    group_gains,
+    inside_one_range,
+    refuse_mixed_settings,
+    run_gains,
+    shared_seeds,
+)
 from labkit.analysis.heldout import group_heldout, heldout_verdict
-from labkit.metrics import STEP
 from labkit.analysis.runframe import AnalysisError, Runs, as_runs
+from labkit.run.metrics import STEP
 
 
 def check_comparable(runs: pd.DataFrame) -> list[str]:

@@ -34,8 +34,9 @@ import math
 import os
 import re
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
@@ -360,8 +361,8 @@ def _grade_gain(answer, *, runs, run: str) -> None:
     import numpy as np
 
     from labkit.analysis.gains import run_gains
-    from labkit.metrics import STEP
     from labkit.analysis.runframe import REWARD
+    from labkit.run.metrics import STEP
 
     gain = _number(answer, "the gain")
     rows = runs[runs["run"] == run]
@@ -397,7 +398,7 @@ def _grade_gain(answer, *, runs, run: str) -> None:
           hint="A's clean steps are set(pair[(pair.run == A) & pair.clean][STEP]); intersect "
                "them with B's (&), keep the steps up to 23, and sort them.")
 def _grade_common(answer, *, runs, a: str, b: str) -> None:
-    from labkit.metrics import STEP
+    from labkit.run.metrics import STEP
 
     try:
         steps = sorted(int(s) for s in answer)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 T0 = 1_700_000_000.0  # a fixed start time keeps constructed logs identical from run to run
 COURSE_503_LINES = 22_357  # the count in the course text's 16-answer run

@@ -24,8 +24,8 @@ import json
 import shutil
 from pathlib import Path
 
-from labkit.metrics import STEP
-from labkit.runlog import CONFIG, HEAT, METRICS, STATUS, read_jsonl
+from labkit.run.log import CONFIG, HEAT, METRICS, STATUS, read_jsonl
+from labkit.run.metrics import STEP
 
 SOURCE = "n8-lr1e-6-s2"  # the real run it is made from
 NAME = f"constructed-heat-{SOURCE}"

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Optional
 
-from labkit.config import (DATA_ENV, EMBEDDED_MODEL, MODEL_ENV, RECIPE_MODEL, ConfigError,
-                           RunConfig)
+from labkit.config import DATA_ENV, EMBEDDED_MODEL, MODEL_ENV, RECIPE_MODEL, ConfigError, RunConfig
 
 PROFILE_ENV = "LABKIT_PROFILE"
 RUNS_ENV = "LABKIT_RUNS_DIR"
@@ -180,7 +180,7 @@ class AfterStep(threading.Thread):
             if self.output_dir.is_dir() else []
 
     def _logged(self, run_dir: Path) -> bool:
-        from labkit.runlog import METRICS
+        from labkit.run.log import METRICS
 
         try:
             lines = (run_dir / METRICS).read_text().splitlines()
@@ -212,8 +212,8 @@ def checkpoints(folder: Optional[Path] = None):
     run keeps none; a run stopped with ■ keeps one (1.6 GB on the CPU profile)."""
     import pandas as pd
 
-    from labkit.checkpoint import latest_checkpoint
-    from labkit.runlog import CHECKPOINT, RunLogError
+    from labkit.run.checkpoint import latest_checkpoint
+    from labkit.run.log import CHECKPOINT, RunLogError
 
     folder = Path(folder) if folder is not None else _near(course_root() / "runs")
     rows = []

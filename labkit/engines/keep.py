@@ -21,9 +21,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Hashable, Optional
 
 import torch
 
@@ -37,12 +37,12 @@ class Kept:
     policy_key: Hashable
     policy: torch.nn.Module
     start: dict[str, torch.Tensor]  # the starting weights, on the CPU
-    engine_key: Optional[Hashable] = None
-    engine: Optional[Engine] = None
+    engine_key: Hashable | None = None
+    engine: Engine | None = None
     evaluations: dict = field(default_factory=dict)  # the starting model's results, by key
 
 
-_kept: Optional[Kept] = None
+_kept: Kept | None = None
 
 
 def take_policy(key: Hashable, load: Callable[[], torch.nn.Module]) -> tuple[torch.nn.Module, bool]:
@@ -127,7 +127,7 @@ def _trim_heap() -> None:
         pass
 
 
-def memory_in_use_gb() -> Optional[float]:
+def memory_in_use_gb() -> float | None:
     """This process's resident memory in GB (Linux: /proc/self/status), None where unknown."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():

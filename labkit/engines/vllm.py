@@ -52,7 +52,7 @@ import os
 import re
 import time
 import warnings
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import torch
 
@@ -121,10 +121,10 @@ class VLLMEngine(Engine):
         dtype: str = "auto",
         gpu_memory_fraction: float = 0.5,
         seed: int = 0,
-        max_model_len: Optional[int] = None,
-        enable_sleep_mode: Optional[bool] = None,
-        enforce_eager: Optional[bool] = None,
-        kv_cache_gb: Optional[float] = None,
+        max_model_len: int | None = None,
+        enable_sleep_mode: bool | None = None,
+        enforce_eager: bool | None = None,
+        kv_cache_gb: float | None = None,
     ):
         self._vllm = import_vllm()
         from vllm.platforms import current_platform
@@ -144,7 +144,7 @@ class VLLMEngine(Engine):
         self.sleep_mode = bool(enable_sleep_mode)
         self._asleep: set[str] = set()  # vLLM memory tags released by sleep, not yet back
         self._said: set[str] = set()
-        self._dead: Optional[str] = None
+        self._dead: str | None = None
         self.stats: dict[str, float] = {}
         self.max_model_len = max_model_len  # the trainer keeps prompts within it
         kwargs = dict(

@@ -21,8 +21,8 @@ import shutil
 import stat
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import aiohttp
 
@@ -61,7 +61,7 @@ def write_weights(model, path: Path, dtype=None) -> int:
     return len(tensors)
 
 
-async def sync_weights(base_url: str, path: str, engine_urls: Optional[Sequence[str]] = None,
+async def sync_weights(base_url: str, path: str, engine_urls: Sequence[str] | None = None,
                        timeout_s: float = 600.0) -> dict[str, list]:
     """Have every engine load the weights file `path`, then reset its prefix cache (its
     entries hold keys and values of the old weights). Returns {engine url: worker results}.
@@ -107,7 +107,7 @@ async def list_engines(session: aiohttp.ClientSession, base_url: str) -> list[st
 
 
 async def _post_engine(session: aiohttp.ClientSession, url: str, path: str,
-                       body: Optional[dict]) -> str:
+                       body: dict | None) -> str:
     """POST to one engine; WeightSyncFailed naming the engine and the fix unless 200."""
     try:
         async with session.post(url + path, json=body) as r:
@@ -131,7 +131,7 @@ async def _post_engine(session: aiohttp.ClientSession, url: str, path: str,
     return text
 
 
-def fast_tmp(need_bytes: int) -> Optional[str]:
+def fast_tmp(need_bytes: int) -> str | None:
     """/dev/shm (memory, Linux) when it has room for `need_bytes` and 1 GiB more, else None
     (the default temp folder): a weights file per step costs no disk writes there."""
     try:
@@ -143,12 +143,12 @@ def fast_tmp(need_bytes: int) -> Optional[str]:
 
 
 # ---------------------------------------------------------------------- sync folders
-def make_sync_folder(root: Optional[str] = None) -> Path:
+def make_sync_folder(root: str | None = None) -> Path:
     """A new, empty folder `labkit-weights-<pid>-<random>` in `root` (default: the temp folder)."""
     return Path(tempfile.mkdtemp(prefix=f"{SYNC_FOLDER_PREFIX}{os.getpid()}-", dir=root))
 
 
-def remove_stale_sync_folders(roots: Optional[Sequence[str]] = None,
+def remove_stale_sync_folders(roots: Sequence[str] | None = None,
                               max_age_s: float = STALE_SYNC_AGE_S) -> list[Path]:
     """Remove the sync folders in `roots` (default /dev/shm and the temp folder) that a trainer
     killed mid-sync left: this user's, named with a PID that is gone, older than `max_age_s`.

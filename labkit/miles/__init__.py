@@ -18,18 +18,44 @@ module per idea:
 
 from __future__ import annotations
 
-from labkit.miles.backend import (EVAL_PROMPTS, MODEL_TYPES, PROMPTS, PROVENANCE, SCRIPT,
-                                  custom_rm_file, default_run_dir, launch, miles_reward,
-                                  ordered_problems, read_prompt_data, render_script,
-                                  write_prompt_data, write_run_folder)
-from labkit.miles.command import (EVAL_NAME, HTTP_ROLLOUTS, IGNORED, INPUT_KEY, LABEL_KEY,
-                                  MILES_DEFAULTS, MILES_FLAGS_HELP, REWARD_HOOK, UNSET_MEANS,
-                                  UNSUPPORTED, MilesUnsupported, build_command,
-                                  default_differences, entry_point, flag_notes,
-                                  format_differences, parse_train_args, refuse_unsupported,
-                                  total_gpus)
-from labkit.miles.log import (CONFIG_FLAGS, LOG, TRAIN_ARGS, parse_log_dict, read_miles_log,
-                              to_labkit_metrics)
+from labkit.miles.backend import (
+                                  EVAL_PROMPTS,
+                                  MODEL_TYPES,
+                                  PROMPTS,
+                                  PROVENANCE,
+                                  SCRIPT,
+                                  custom_rm_file,
+                                  default_run_dir,
+                                  launch,
+                                  miles_reward,
+                                  ordered_problems,
+                                  read_prompt_data,
+                                  render_script,
+                                  write_prompt_data,
+                                  write_run_folder,
+)
+from labkit.miles.command import (
+                                  EVAL_NAME,
+                                  HTTP_ROLLOUTS,
+                                  IGNORED,
+                                  INPUT_KEY,
+                                  LABEL_KEY,
+                                  MILES_DEFAULTS,
+                                  MILES_FLAGS_HELP,
+                                  REWARD_HOOK,
+                                  UNSET_MEANS,
+                                  UNSUPPORTED,
+                                  MilesUnsupported,
+                                  build_command,
+                                  default_differences,
+                                  entry_point,
+                                  flag_notes,
+                                  format_differences,
+                                  parse_train_args,
+                                  refuse_unsupported,
+                                  total_gpus,
+)
+from labkit.miles.log import CONFIG_FLAGS, LOG, TRAIN_ARGS, parse_log_dict, read_miles_log, to_labkit_metrics
 
 __all__ = [
     # the command (labkit.miles.command)

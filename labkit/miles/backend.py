@@ -37,13 +37,24 @@ import shlex
 import shutil
 import sys
 import textwrap
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING
 
 from labkit.config import RECIPE_MODEL, RunConfig
-from labkit.miles.command import (INPUT_KEY, LABEL_KEY, MILES_CHECKED, MilesUnsupported,
-                                  build_command, default_differences, entry_point, evaluates,
-                                  flag_notes, format_differences, total_gpus)
+from labkit.miles.command import (
+    INPUT_KEY,
+    LABEL_KEY,
+    MILES_CHECKED,
+    MilesUnsupported,
+    build_command,
+    default_differences,
+    entry_point,
+    evaluates,
+    flag_notes,
+    format_differences,
+    total_gpus,
+)
 from labkit.miles.log import LOG, TRAIN_ARGS
 
 if TYPE_CHECKING:
@@ -183,9 +194,9 @@ ray job submit --address="$RAY_ADDRESS" \\
 
 
 def render_script(
-    cfg: RunConfig, *, explicit: Iterable[str], gpus: int = 1, model_path: Optional[str] = None,
-    data_path: Optional[str] = None, eval_data_path: Optional[str] = None,
-    save_dir: Optional[str] = None, run_name: str = "labkit-miles",
+    cfg: RunConfig, *, explicit: Iterable[str], gpus: int = 1, model_path: str | None = None,
+    data_path: str | None = None, eval_data_path: str | None = None,
+    save_dir: str | None = None, run_name: str = "labkit-miles",
 ) -> str:
     """The bash script that runs `cfg` on miles (see build_command for the arguments).
 
@@ -216,7 +227,7 @@ def render_script(
         train_args_file=TRAIN_ARGS)
 
 
-def custom_rm_file(custom_rm_path: Optional[str]) -> Optional[Path]:
+def custom_rm_file(custom_rm_path: str | None) -> Path | None:
     """The file of a --custom-rm-path of the form path/to/file.py:function, made absolute
     (from the folder labkit runs in); None for a module path or none."""
     where, sep, _ = (custom_rm_path or "").rpartition(":")
@@ -225,7 +236,7 @@ def custom_rm_file(custom_rm_path: Optional[str]) -> Optional[Path]:
     return Path(where).expanduser().resolve()
 
 
-def _script_custom_rm(custom_rm_path: Optional[str]) -> str:
+def _script_custom_rm(custom_rm_path: str | None) -> str:
     """LABKIT_CUSTOM_RM_PATH's default in the script, inside "...": a reward file is the copy
     in the run folder (write_run_folder puts it there), found from $HERE wherever the folder
     is run; a module path goes as it is."""
@@ -239,7 +250,7 @@ def _script_custom_rm(custom_rm_path: Optional[str]) -> str:
 
 
 # ------------------------------------------------------------------ the prompts
-def write_prompt_data(problems: list["Problem"], path, examples: int = 0) -> Path:
+def write_prompt_data(problems: list[Problem], path, examples: int = 0) -> Path:
     """Write problems as miles' prompt file: one JSON line each, {"messages": labkit's chat
     messages (after `examples` worked examples), "label": the label, "metadata": {"id": ...}},
     in the given order. Returns the path."""
@@ -257,7 +268,7 @@ def write_prompt_data(problems: list["Problem"], path, examples: int = 0) -> Pat
     return path
 
 
-def read_prompt_data(path) -> list["Problem"]:
+def read_prompt_data(path) -> list[Problem]:
     """The problems of a prompt file written by write_prompt_data (the question is the last
     user message), in file order."""
     from labkit.data import Problem
@@ -271,7 +282,7 @@ def read_prompt_data(path) -> list["Problem"]:
     return out
 
 
-def ordered_problems(cfg: RunConfig) -> list["Problem"]:
+def ordered_problems(cfg: RunConfig) -> list[Problem]:
     """cfg's training problems in labkit's prompt order, at least one epoch and enough rows
     for every rollout: row k*P+i is the i-th prompt of labkit's step k at P prompts a step."""
     from labkit.data import load_problems, rollout_problems
@@ -294,12 +305,12 @@ async def miles_reward(args, sample, **kwargs):
     return rewards if isinstance(sample, list) else rewards[0]
 
 
-def _custom_rm_path() -> Optional[str]:
+def _custom_rm_path() -> str | None:
     return os.environ.get("LABKIT_CUSTOM_RM_PATH") or None
 
 
 @functools.lru_cache(maxsize=8)
-def _reward_fn(rm_type: str, custom_rm_path: Optional[str]):
+def _reward_fn(rm_type: str, custom_rm_path: str | None):
     from labkit.reward import load_reward
 
     return load_reward(rm_type, custom_rm_path)
@@ -313,7 +324,7 @@ def default_run_dir(cfg: RunConfig) -> Path:
     return Path(cfg.output_dir) / name
 
 
-def launch(cfg: RunConfig, *, explicit: Iterable[str], dry_run: bool, out_dir: Optional[str] = None,
+def launch(cfg: RunConfig, *, explicit: Iterable[str], dry_run: bool, out_dir: str | None = None,
          gpus: int = 1) -> int:
     """`labkit launch --backend miles`: print the script and the default differences; without
     dry_run also write run_miles.sh and the prompt file(s) to out_dir (default:
@@ -361,8 +372,8 @@ def write_run_folder(cfg: RunConfig, run_dir: Path, script: str, *, explicit: It
     """Write the script (executable), the prompts (and held-out prompts when eval is on), a
     copy of the --custom-rm-path file (if it names one) and labkit_miles.json (config, with
     that path made absolute; command; miles commit) into run_dir; return run_dir."""
-    from labkit import __version__
     from labkit.data import split_eval
+    from labkit.version import __version__
 
     run_dir.mkdir(parents=True, exist_ok=True)
     write_prompt_data(ordered_problems(cfg), run_dir / PROMPTS, cfg.prompt_examples)

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional
 
 from labkit.config import EMBEDDED_MODEL, RECIPE_MODEL, RunConfig
 
@@ -151,9 +151,9 @@ def evaluates(cfg: RunConfig) -> bool:
 
 
 def build_command(
-    cfg: RunConfig, *, explicit: Iterable[str], model_path: Optional[str] = None,
-    data_path: Optional[str] = None, eval_data_path: Optional[str] = None, gpus: int = 1,
-    save_dir: Optional[str] = None,
+    cfg: RunConfig, *, explicit: Iterable[str], model_path: str | None = None,
+    data_path: str | None = None, eval_data_path: str | None = None, gpus: int = 1,
+    save_dir: str | None = None,
 ) -> list[str]:
     """The miles invocation of `cfg`: ["python3", "train.py", *flags], grouped by family.
 

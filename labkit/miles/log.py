@@ -8,7 +8,7 @@ log lines, each `logger.info(f"{kind} {id}: {log_dict}")`, as radixark/miles mai
 `step N` from `miles/backends/training_utils/log_utils.py` (d0e8e7c6444c); the trainer's
 `perf N` from `miles/utils/train_metric_utils.py` (d0e8e7c6444c). The dicts are parsed as
 literals, never evaluated. Where miles' names or meanings differ from labkit's, the table
-in labkit.metrics' docstring says how, and `to_labkit_metrics` follows it.
+in labkit.run.metrics' docstring says how, and `to_labkit_metrics` follows it.
 
 miles has no heat guard, so its steps carry `heat/clean` = NaN (not recorded). The
 analysis treats such a run as all clean: no heat pause can have touched a step of a run
@@ -24,10 +24,10 @@ import re
 import warnings
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
-from labkit.metrics import METRICS, STEP
 from labkit.miles.command import EVAL_NAME, parse_train_args
+from labkit.run.metrics import METRICS, STEP
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -67,7 +67,7 @@ def parse_log_dict(text: str) -> dict[str, float]:
     return out
 
 
-def _number(node: ast.AST) -> Optional[float]:
+def _number(node: ast.AST) -> float | None:
     """The number an AST node spells, or None."""
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
         return float(node.value)
@@ -132,7 +132,7 @@ def _read_wandb_csv(path: Path):
     return rollouts, steps, {}, len(bad_lines) + int(unreadable.sum())
 
 
-def _run_config(path: Path, printed: dict, given: dict) -> dict[str, Optional[int]]:
+def _run_config(path: Path, printed: dict, given: dict) -> dict[str, int | None]:
     """rollout_batch_size, n_samples_per_prompt, global_batch_size, seed of the run: the
     values given, else train_args.txt beside the log (what the script ran), else the
     arguments miles printed at start-up; None when none shows one."""
@@ -174,7 +174,7 @@ def _pick(metrics: dict, *names: str) -> float:
     return math.nan
 
 
-def _zero_std(m: dict, groups: Optional[int]) -> tuple[float, float, float]:
+def _zero_std(m: dict, groups: int | None) -> tuple[float, float, float]:
     """(frac_groups, all_zero, all_one) from miles' zero_std counts and percentages.
 
     miles logs a count per reward value of the groups whose rewards are all equal
@@ -204,7 +204,7 @@ def _eval_accuracy(m: dict) -> float:
 
 
 def to_labkit_metrics(step: int, m: dict, t: dict, config: dict) -> dict[str, float]:
-    """One step in labkit's metric names (labkit.metrics) from miles' rollout-side metrics
+    """One step in labkit's metric names (labkit.run.metrics) from miles' rollout-side metrics
     `m`, the step's optimizer-step means `t` and the run's config; NaN where miles logs no
     equivalent (heat/*, perf/reward_time, ...)."""
     p, n, g = (config.get(k) for k in
@@ -238,11 +238,11 @@ def to_labkit_metrics(step: int, m: dict, t: dict, config: dict) -> dict[str, fl
 
 
 def read_miles_log(
-    path, *, rollout_batch_size: Optional[int] = None, n_samples_per_prompt: Optional[int] = None,
-    global_batch_size: Optional[int] = None, seed: Optional[int] = None,
-) -> "pd.DataFrame":
+    path, *, rollout_batch_size: int | None = None, n_samples_per_prompt: int | None = None,
+    global_batch_size: int | None = None, seed: int | None = None,
+) -> pd.DataFrame:
     """miles' metrics as labkit's frame: one row per rollout step, columns in labkit's metric
-    names (all of labkit.metrics.METRICS, NaN where miles logs no equivalent), then the
+    names (all of labkit.run.metrics.METRICS, NaN where miles logs no equivalent), then the
     config columns rollout_batch_size, n_samples_per_prompt, global_batch_size, seed and
     run_name.
 

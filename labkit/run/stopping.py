@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None),
                             signal.SIGINT) if s is not None)
@@ -187,7 +187,7 @@ class StopController:
         return None
 
     # --- signals --------------------------------------------------------------------
-    def install(self) -> "StopController":
+    def install(self) -> StopController:
         """Catch SIGTERM, SIGHUP and SIGINT (main thread only; elsewhere install nothing, say so),
         leaving ignored the ones the process was started with ignored (`left_ignored`)."""
         if self.installed:
@@ -238,7 +238,7 @@ class StopController:
         self.interrupts, self.interrupt_signum = self.interrupts + 1, signum
         raise SecondSignal(signum)
 
-    def __enter__(self) -> "StopController":
+    def __enter__(self) -> StopController:
         return self.install()
 
     def __exit__(self, *exc) -> None:

@@ -3,7 +3,7 @@
 Why: one 0.5B run uses a fraction of an H200, and a machine may have eight; the sweep put
 every run on GPU 0. Each run's process now sees one GPU (CUDA_VISIBLE_DEVICES), so torch
 and vLLM inside it need no device argument. The plan is made once, before anything starts,
-from each GPU's free memory as the driver reports it (labkit.memory), and said in a line
+from each GPU's free memory as the driver reports it (labkit.machine.memory), and said in a line
 per GPU:
 
 * the GPUs are `gpus=` (`labkit sweep --gpus 0,1`), else env LABKIT_GPUS, else the ones
@@ -20,7 +20,7 @@ per GPU:
   sweep may differ in checkpointing or token budget (not in what a step computes).
 
 With one GPU the runs start together or not at all, as before this module: the plan is
-labkit.memory.plan_runs over all of them, which refuses in one line what does not fit.
+labkit.machine.memory.plan_runs over all of them, which refuses in one line what does not fit.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
-from labkit import memory
 from labkit.config import ConfigError, RunConfig
+from labkit.machine import memory
 
 ENV = "LABKIT_GPUS"  # the GPUs a sweep may use, as --gpus takes them: "0,1"
 # What shared_gpu sets for runs that share a GPU: memory and display, not what a step
@@ -139,7 +139,7 @@ def _holds(fresh, resumed, shape, free_gib: float, most: int) -> int:
     and keep their token budget per micro-batch; else 1 where one fits with a smaller one.
     Runs can wait here, so a smaller budget is no price worth paying for one more at once:
     on an H200 four runs with micro-batches cut to fit did 0.99x the steps of one alone,
-    checkpointed at the default budget 1.91x (labkit.memory.share_gpu)."""
+    checkpointed at the default budget 1.91x (labkit.machine.memory.share_gpu)."""
     def fit(n: int, smaller_budget: bool) -> bool:
         shared = [(shared_gpu(c, shape, n, free_gib), c) for c in fresh]
         return (all(memory.fits(c, shape, n, free_gib) for c in [*(s for s, _ in shared), *resumed])
@@ -256,7 +256,7 @@ def shared_gpu(cfg: RunConfig, shape, runs: int, free: float | None) -> RunConfi
     """A run's settings for a GPU it shares with `runs` runs: a fixed KV cache, no sleep mode
     (vLLM's memory checks measure the whole GPU), no progress bar of its own, and what lets
     every run fit: gradient checkpointing (where auto), else a smaller token budget per
-    micro-batch (where the config kept the default budget): labkit.memory.share_gpu."""
+    micro-batch (where the config kept the default budget): labkit.machine.memory.share_gpu."""
     # vLLM still checks at start that the free memory covers its fraction of the whole GPU
     # (with a fixed KV cache the fraction sizes nothing else): keep it within one share.
     changes = dict(rollout_sleep=False, progress=False,

@@ -21,13 +21,13 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 import torch
 
-from labkit.runfiles import WriteFailed, disk_full, read_json, write_json_atomic
-from labkit.runlog import CHECKPOINT, RunLogError
+from labkit.run.files import WriteFailed, disk_full, read_json, write_json_atomic
+from labkit.run.log import CHECKPOINT, RunLogError
 
 LATEST = "latest.json"
 AUTO_SAVE_S = 600.0  # default policy: a rolling checkpoint once this long has passed since the last
@@ -41,21 +41,21 @@ class SavePolicy:
     "rolling", "final", "stop") or None; `saved(step)` records a write.
     """
 
-    def __init__(self, interval: int, *, every_s: Optional[float] = None,
+    def __init__(self, interval: int, *, every_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.interval, self.clock = int(interval), clock
         self.every_s = AUTO_SAVE_S if every_s is None else float(every_s)
-        self.last_saved: Optional[int] = None
+        self.last_saved: int | None = None
         self._since = clock()
 
-    def after_step(self, step: int) -> Optional[str]:
+    def after_step(self, step: int) -> str | None:
         if self.interval > 0:
             return "interval" if (step + 1) % self.interval == 0 else None
         if self.interval == 0 and self.clock() - self._since >= self.every_s:
             return "rolling"
         return None
 
-    def at_end(self, step: int, completed: bool) -> Optional[str]:
+    def at_end(self, step: int, completed: bool) -> str | None:
         if self.interval < 0 or step < 0 or step == self.last_saved:
             return None
         if self.interval > 0:
@@ -125,7 +125,7 @@ def _bytes(state) -> int:
 def _write_failure(folder: Path, step: int, e: Exception, need: int = 0) -> str:
     """A failed checkpoint write in words. torch says a full disk in its own words
     ("file write failed", "unexpected pos"), so a disk with less room than the checkpoint
-    needs counts as full too (labkit.runlog.disk_full)."""
+    needs counts as full too (labkit.run.log.disk_full)."""
     full, free = disk_full(e, folder, need)
     if full:
         return (f"could not write the checkpoint of step {step} to {folder}: the disk is full "

@@ -31,13 +31,12 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Optional
 
 START_TIMEOUT_S = 120.0  # importing math-verify on a loaded machine (~0.5 s idle)
 RETRY_AFTER_S = 60.0  # after a worker that did not start: score 0.0 this long, then try again
 # -c with the working folder taken off sys.path first: a folder named like a package there
 # must not shadow the one this process uses (labkit is found through PYTHONPATH, below)
-_BOOT = "import sys; del sys.path[0]; from labkit.verifier import serve; serve()"
+_BOOT = "import sys; del sys.path[0]; from labkit.reward.verifier import serve; serve()"
 
 
 class _Worker:
@@ -58,7 +57,7 @@ class _Worker:
         self.proc.stdin.write((json.dumps([answer, label]) + "\n").encode())
         self.proc.stdin.flush()
 
-    def read_line(self, timeout_s: float) -> Optional[str]:
+    def read_line(self, timeout_s: float) -> str | None:
         """The worker's next line, or None when none came within `timeout_s`; raises
         EOFError when the worker has exited."""
         deadline = time.monotonic() + timeout_s
@@ -87,8 +86,8 @@ class _Worker:
 
 
 _lock = threading.Lock()
-_worker: Optional[_Worker] = None
-_missing: Optional[str] = None  # math-verify cannot be imported: set once, for good
+_worker: _Worker | None = None
+_missing: str | None = None  # math-verify cannot be imported: set once, for good
 _retry_at = 0.0
 _warned: set[str] = set()
 restarts = 0  # workers killed after a check ran past its timeout (or died in one)
@@ -100,7 +99,7 @@ def _warn_once(key: str, message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
-def _ready_worker() -> Optional[_Worker]:
+def _ready_worker() -> _Worker | None:
     """The worker, started and past its import (waits up to START_TIMEOUT_S for that); None
     when math-verify is missing, or a start failed less than RETRY_AFTER_S ago."""
     global _worker, _missing, _retry_at
@@ -166,7 +165,7 @@ def warm_up() -> bool:
         return _ready_worker() is not None
 
 
-def worker_pid() -> Optional[int]:
+def worker_pid() -> int | None:
     """The process id of the current worker (None before the first check)."""
     worker = _worker
     return None if worker is None else worker.proc.pid
@@ -205,7 +204,8 @@ def _exit_with_parent(parent: int) -> None:
 
 
 def _check(answer: str, label: str) -> bool:
-    from math_verify import parse, verify as mv_verify
+    from math_verify import parse
+    from math_verify import verify as mv_verify
 
     gold = parse(f"${label}$", parsing_timeout=None)
     pred = parse(f"${answer}$", parsing_timeout=None)
@@ -224,7 +224,7 @@ def serve() -> None:
     except ImportError as e:  # the parent says it once and scores 0.0 from then on
         _say(f"missing {type(e).__name__}: {e}".replace("\n", " "))
         return
-    except Exception as e:  # noqa: BLE001 - the parent retries later
+    except Exception as e:  # the parent retries later
         _say(f"failed {type(e).__name__}: {e}".replace("\n", " "))
         return
     _say("ready")
@@ -232,5 +232,5 @@ def serve() -> None:
         try:
             answer, label = json.loads(line)
             _say("1" if _check(str(answer), str(label)) else "0")
-        except Exception:  # noqa: BLE001 - an answer math-verify cannot judge is wrong
+        except Exception:  # an answer math-verify cannot judge is wrong
             _say("0")

@@ -136,6 +136,6 @@ def describe(name: str) -> str:
         suffix = next((s for s in ("_stderr", "_n") if name.endswith(s)), "")
         unit, meaning = EVAL_METRICS["eval/<source>_<split>" + suffix]
     else:
-        raise KeyError(f"no metric named {name!r}; the names are labkit.metrics.METRICS")
+        raise KeyError(f"no metric named {name!r}; the names are labkit.run.metrics.METRICS")
     return f"{meaning} ({unit})" if unit else meaning
 

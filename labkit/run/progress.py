@@ -16,7 +16,7 @@ one line with its reward and times is printed above the bar, which keeps to one 
 (tqdm.auto: a widget in a notebook, a text line on stderr in a terminal).
 
 On a loaded 2-core machine one 4-answer step took 12-13 minutes instead of 20-32 s (the run
-now says the load: labkit.cpuload), with a clock that stood still for minutes inside a
+now says the load: labkit.machine.cpuload), with a clock that stood still for minutes inside a
 phase. So a timer thread redraws the bar every second (its clock runs while a phase does),
 and a run that stops cleanly (a signal, the time limit) closes it as stopped, not as failed
 (red in a notebook).
@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from labkit.metrics import STEP
+from labkit.run.metrics import STEP
 
 CLEAN_STOPS = ("completed", "signal", "time_limit", "requested")  # not a failure: no red bar
 

@@ -25,7 +25,7 @@ together, 24.7 a run, where this plan counts 29.5).
 `share_gpu` picks what lets N runs share a card (checkpointing, then the token budget),
 `plan_runs` refuses, in one line, a set of runs that does not fit in the free memory, and
 `fit_max_tokens` gives the largest token budget per micro-batch that fits. `gpu_count` and
-`gpu_free_gib` ask the driver (NVML, else nvidia-smi) what labkit.placement shares out.
+`gpu_free_gib` ask the driver (NVML, else nvidia-smi) what labkit.machine.placement shares out.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class ModelShape:
     hidden: int
 
     @classmethod
-    def of(cls, model_path: str) -> "ModelShape":
+    def of(cls, model_path: str) -> ModelShape:
         """Read from a model folder's config, counting parameters on the meta device."""
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -185,7 +185,7 @@ def gpu_count() -> int | None:
             return int(pynvml.nvmlDeviceGetCount())
         finally:
             pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no NVML, no driver: try the command line
+    except Exception:  # no NVML, no driver: try the command line
         pass
     out = _smi("--query-gpu=index")
     return len(out) if out is not None else None
@@ -205,7 +205,7 @@ def gpu_free_gib(index: int | str = 0) -> float | None:
             return pynvml.nvmlDeviceGetMemoryInfo(handle).free / GIB
         finally:
             pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no NVML, no driver: try the command line
+    except Exception:  # no NVML, no driver: try the command line
         pass
     out = _smi("--query-gpu=memory.free", f"--id={index}")
     try:

@@ -25,7 +25,7 @@ class RunLock:
         self.path, self._file = Path(path), file
 
     @classmethod
-    def acquire(cls, path: Path) -> "RunLock":
+    def acquire(cls, path: Path) -> RunLock:
         path = Path(path)
         for _ in range(5):
             f = open(path, "a+")

@@ -44,7 +44,7 @@ Which text is the final answer, rule by rule (each rule comes from answers seen 
 Most answers are plain numbers, so an exact path decides them in microseconds with
 `fractions.Fraction` (commas, `$`, `%`, `42.0`, `3/4`, `\\frac{3}{4}`, rules 5 and 6).
 Only what that path cannot read (`\\sqrt{16}`, `16 + 8`) goes to math-verify, in a worker
-process under our own timeout (labkit.verifier: a check that runs too long is killed, for
+process under our own timeout (labkit.reward.verifier: a check that runs too long is killed, for
 real, and the next one gets a fresh worker). A pre-check keeps inputs that could make sympy
 hang (towers of powers, factorials, huge or deeply nested answers, polynomials to expand:
 nine nested calls in 55 characters ran for over 100 s, `(a+b+c+d+e+f+g+h)^{99}` for
@@ -60,11 +60,11 @@ import importlib.util
 import math
 import re
 import warnings
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
-from typing import Callable, Optional
 
-from labkit import verifier
+from labkit.reward import verifier
 
 RewardFn = Callable[[str, str], float]
 
@@ -105,7 +105,7 @@ _CODE_RE = re.compile(r"^[ \t]*(`{3,}|~{3,})[^`~\n]*\n.*?(?:^[ \t]*\1[`~]*[ \t]*
 _TEXT_RE = re.compile(r"\S")
 
 
-def extract_final_answer(text: str) -> Optional[str]:
+def extract_final_answer(text: str) -> str | None:
     """The final answer of a response: of the last `#### <answer>` line and the last balanced
     `\\boxed{...}`, the one that comes later; None when there is neither. A `####` line that
     is a heading, or holds no digit (`\\(#### \\)` quoted from the instructions), is not an
@@ -114,7 +114,7 @@ def extract_final_answer(text: str) -> Optional[str]:
     return None if found is None else found[1]
 
 
-def final_answer_and_form(text: str) -> Optional[tuple[str, str]]:
+def final_answer_and_form(text: str) -> tuple[str, str] | None:
     """(form, answer) of the final answer: form "####" or "boxed" (see extract_final_answer)."""
     if not isinstance(text, str):
         return None
@@ -123,7 +123,7 @@ def final_answer_and_form(text: str) -> Optional[tuple[str, str]]:
     return found if found is not None or not code else _final_answer_outside(text, [])
 
 
-def _final_answer_outside(text: str, code: list[tuple[int, int]]) -> Optional[tuple[str, str]]:
+def _final_answer_outside(text: str, code: list[tuple[int, int]]) -> tuple[str, str] | None:
     """(form, answer) of the last marker that does not start inside one of the `code` spans."""
     starts = [s for s, _ in code]
     hashed = _last_hash_answer(text, code, starts)
@@ -134,7 +134,7 @@ def _final_answer_outside(text: str, code: list[tuple[int, int]]) -> Optional[tu
 
 
 def _last_hash_answer(text: str, code: list[tuple[int, int]],
-                      starts: list[int]) -> Optional[tuple[int, str]]:
+                      starts: list[int]) -> tuple[int, str] | None:
     """(where, answer) of the last `####` answer outside `code`: a line _HASH_RE reads (the
     number first, or after words that say it is the answer), or one that opens with other
     words (`#### She has 42 apples left`, read by _answer_after_words)."""
@@ -161,7 +161,7 @@ def _last_hash_answer(text: str, code: list[tuple[int, int]],
     return hashed
 
 
-def _answer_after_words(line: str, more_text: bool) -> Optional[str]:
+def _answer_after_words(line: str, more_text: bool) -> str | None:
     """The answer of a `####` line that opens with words (rule 2): the text from its first
     number on (`She has **42** apples left` -> `42 apples left`); None for a line with no
     digit, or a heading (rule 3): a capitalized label and a number, then a heading's title
@@ -188,18 +188,18 @@ def _inside(position: int, spans: list[tuple[int, int]], starts: list[int]) -> b
     return i >= 0 and position < spans[i][1]
 
 
-def _last_boxed(text: str) -> Optional[str]:
+def _last_boxed(text: str) -> str | None:
     """Content of the last `\\boxed{...}` whose braces balance, in one pass (O(len))."""
     span = _last_boxed_span(text)
     return None if span is None else text[span[1]:span[2]].strip()
 
 
 def _last_boxed_span(text: str, code: list[tuple[int, int]] = (),
-                     starts: list[int] = ()) -> Optional[tuple[int, int, int]]:
+                     starts: list[int] = ()) -> tuple[int, int, int] | None:
     """(where `\\boxed` starts, content start, content end) of the last balanced one; braces
     inside the `code` spans are not read."""
-    stack: list[Optional[tuple[int, int]]] = []  # per open brace: (start, content) of a \boxed
-    best: Optional[tuple[int, int, int]] = None
+    stack: list[tuple[int, int] | None] = []  # per open brace: (start, content) of a \boxed
+    best: tuple[int, int, int] | None = None
     for m in _BOXED_OR_BRACE_RE.finditer(text):
         if code and _inside(m.start(), code, starts):
             continue
@@ -271,7 +271,7 @@ def normalize_answer(text: str) -> str:
     return s.rstrip(". ").strip()
 
 
-def parse_number(text: str) -> Optional[Fraction]:
+def parse_number(text: str) -> Fraction | None:
     """The exact value of a numeric answer (`-1,234.50`, `$18`, `25%`, `3/4`, `\\frac{3}{4}`,
     `42 apples`, `2 1/2 hours`, `2 million`, `42 (6 x 7 = 42)`, `x = 5`), or None when it is
     not one number (`42 or 43`), or is too long to be one. `3 dozen` is 36 here; readings()
@@ -299,7 +299,7 @@ def readings(text: str) -> tuple[Fraction, ...]:
     return () if side is None else _phrase_readings(side)
 
 
-def _last_side(s: str) -> Optional[str]:
+def _last_side(s: str) -> str | None:
     """What follows the last `=` outside brackets (`6 x 7 = 42 apples` -> `42 apples`), or
     `s` itself without one; None for a list (`3, b = 4`, `a = 3, b = 4`)."""
     depth, last, comma = 0, -1, None  # the last `=` and the first `,` outside brackets
@@ -315,7 +315,7 @@ def _last_side(s: str) -> Optional[str]:
     return None if comma is not None and comma < last else s[last + 1:].strip()
 
 
-def _leading_value(s: str) -> Optional[tuple[Fraction, int]]:
+def _leading_value(s: str) -> tuple[Fraction, int] | None:
     """(value, where it ends) of the number `s` starts with; None when there is none, a
     zero denominator, or a mixed number whose fraction is not proper (`2 6/4`)."""
     if (m := _MIXED_RE.match(s)) is not None:
@@ -388,10 +388,10 @@ def is_safe_for_sympy(text: str) -> bool:
     return "^" not in text or max(map(len, re.findall(r"\d+", text)), default=0) <= 2
 
 
-def verify_with_timeout(answer: str, label: str, timeout_s: Optional[float] = None) -> bool:
+def verify_with_timeout(answer: str, label: str, timeout_s: float | None = None) -> bool:
     """math-verify's judgement of `answer` against `label`, from any thread; False when it
     fails or exceeds `timeout_s` (default MATH_VERIFY_TIMEOUT_S; its worker process is then
-    killed and replaced: labkit.verifier)."""
+    killed and replaced: labkit.reward.verifier)."""
     return verifier.verify(answer, label, MATH_VERIFY_TIMEOUT_S if timeout_s is None else timeout_s)
 
 
@@ -413,7 +413,7 @@ def answers_match(answer: str, label: str) -> bool:
     return verify_with_timeout(a, b)
 
 
-def _expression(s: str) -> Optional[str]:
+def _expression(s: str) -> str | None:
     """What math-verify may judge of a normalized answer the exact path cannot read: the
     answer without the unit after it (`16 + 8 apples` -> `16 + 8`); None when other words
     remain (`42 or 43`, `42 (or 43)`: math-verify reads that one as 43) or the words are no
@@ -468,7 +468,7 @@ REWARDS: dict[str, RewardFn] = {
 
 
 # ------------------------------------------------------------------ registry and scoring
-def load_reward(rm_type: str, custom_rm_path: Optional[str] = None) -> RewardFn:
+def load_reward(rm_type: str, custom_rm_path: str | None = None) -> RewardFn:
     """The reward for `--rm-type` (a key of REWARDS), or the user's function named by
     `--custom-rm-path` ("package.module:function" or "path/to/file.py:function")."""
     if custom_rm_path:
@@ -485,7 +485,7 @@ def _load_custom(path: str) -> RewardFn:
     """Import "module:function" or "file.py:function" and return the function. A file or
     module that fails to import (a syntax error, a missing package, an exit at import) is a
     ConfigError naming it and the first line of why: it is the user's file, not labkit's."""
-    from labkit.config import ConfigError
+    from labkit.errors import ConfigError
 
     where, sep, name = path.rpartition(":")
     if not sep or not where or not name:
@@ -503,7 +503,7 @@ def _load_custom(path: str) -> RewardFn:
             spec.loader.exec_module(module)
         else:
             module = importlib.import_module(where)
-    except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever the user's file raises
+    except (Exception, SystemExit) as e:  # whatever the user's file raises
         why = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ConfigError(f"--custom-rm-path {path!r}: importing {where} failed "
                           f"({e.__class__.__name__}{': ' + why[:200] if why else ''}); fix "
@@ -519,7 +519,7 @@ def _score_one(fn: RewardFn, response: str, label: str) -> float:
     key = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
     try:
         value = float(fn(response, label))
-    except Exception as e:  # noqa: BLE001 - one bad response must not stop the run
+    except Exception as e:  # one bad response must not stop the run
         _warn_once(f"raise:{key}", f"reward {key} raised {type(e).__name__}: {e}; "
                                    f"scoring such responses 0.0 (warned once)")
         return 0.0

@@ -24,10 +24,11 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterable, Protocol, Sequence, Union
+from typing import Protocol
 
-Reading = Union[float, None]
+Reading = float | None
 EventFn = Callable[[str, str], None]  # (kind, message); kinds: off, pause, resume, timeout, sensor_error
 
 
@@ -220,7 +221,7 @@ class HeatGuard:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def off(cls, reason: str, *, on_event: EventFn | None = None, quiet: bool = False) -> "HeatGuard":
+    def off(cls, reason: str, *, on_event: EventFn | None = None, quiet: bool = False) -> HeatGuard:
         """A guard that never pauses; it says `reason` once, on first use (never when `quiet`)."""
         return cls(None, float("inf"), float("inf"), on_event=on_event, off_reason=reason,
                    quiet=quiet)
@@ -263,7 +264,7 @@ class HeatGuard:
         return self._max_c
 
     # --- the thread -----------------------------------------------------------------
-    def start(self) -> "HeatGuard":
+    def start(self) -> HeatGuard:
         """Start the sampler thread (a daemon); no-op when off or already running."""
         if not self.enabled:
             self._say_off()
@@ -291,7 +292,7 @@ class HeatGuard:
         while not self._stop.wait(self.interval):  # real time, so stop() is prompt
             self.sample()
 
-    def __enter__(self) -> "HeatGuard":
+    def __enter__(self) -> HeatGuard:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -7,12 +7,12 @@ temporary file and a rename, so a reader never sees half a file.
 Layout of a run folder::
 
     config.json      the resolved RunConfig (plus labkit version, derived values)
-    metrics.jsonl    one line per finished step, keys from labkit.metrics (step key rollout/step)
+    metrics.jsonl    one line per finished step, keys from labkit.run.metrics (step key rollout/step)
     samples.jsonl    a few completions per step: prompt id (split/index), label, completion, reward
     heat.jsonl       one line per heat pause: start, end, seconds, peak_c, step
     eval.jsonl       one line per held-out evaluation (before the first step, after the last)
     status.json      why the run stopped: completed, time_limit, signal, error (with the last step)
-    checkpoint/      policy, optimizer and RNG state after a finished step (see labkit.checkpoint)
+    checkpoint/      policy, optimizer and RNG state after a finished step (see labkit.run.checkpoint)
     lock             the pid of the trainer writing the folder, while it runs (one at a time)
 
 A resume reads what an earlier launch wrote, and a file there may be damaged: a line cut
@@ -25,7 +25,7 @@ fails (a full disk) is `WriteFailed`, in words, with no half line left behind; a
 `labkit.launch(cfg)` returns a `Run`; so does `Run("runs/<name>")` for a finished run. The
 same folder can be continued with `--resume`, which only accepts a config that matches the
 one the folder was started with (a few bookkeeping fields may change: RESUMABLE). One
-trainer writes a folder at a time: it holds `lock` (labkit.runlock: an flock the kernel drops
+trainer writes a folder at a time: it holds `lock` (labkit.run.lock: an flock the kernel drops
 when the process dies, so the lock of a killed run is taken over); a second one is refused.
 """
 
@@ -37,20 +37,31 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
-from typing import Iterable
 
-from labkit import __version__
 from labkit.config import RunConfig
 from labkit.errors import LabkitError, RunLogError, one_line
-from labkit.metrics import STEP
-from labkit.runfiles import (append_lines, is_step_line, json_row, read_bytes, read_json,
-                             read_jsonl, readable_rows, write_all, write_bytes_atomic,
-                             write_failed, write_json_atomic)
-from labkit.runfiles import WriteFailed, write_text_atomic  # noqa: F401 (named here too)
-from labkit.runfiles import user_umask as _umask
-from labkit.runlock import RunLock
+from labkit.run.files import (  # noqa: F401 (named here too)
+    WriteFailed,
+    append_lines,
+    is_step_line,
+    json_row,
+    read_bytes,
+    read_json,
+    read_jsonl,
+    readable_rows,
+    write_all,
+    write_bytes_atomic,
+    write_failed,
+    write_json_atomic,
+    write_text_atomic,
+)
+from labkit.run.files import user_umask as _umask
+from labkit.run.lock import RunLock
+from labkit.run.metrics import STEP
+from labkit.version import __version__
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -78,7 +89,7 @@ class RunLog:
 
     # --- creating and opening -------------------------------------------------------
     @classmethod
-    def create(cls, run_dir: Path, config: dict) -> "RunLog":
+    def create(cls, run_dir: Path, config: dict) -> RunLog:
         """Start a new run folder and hold its lock; refuse one that already holds a run.
         Raises OSError when the folder cannot be made (the caller names the flag).
 
@@ -117,7 +128,7 @@ class RunLog:
         log._created = [] if existed else [run_dir, *parents]  # an empty folder made by hand stays
         return log
 
-    def _take_in_place(self, config: dict) -> "RunLog":
+    def _take_in_place(self, config: dict) -> RunLog:
         """Start the run in a folder that is there already (and holds other files): take its
         lock (a second start is refused here, touching nothing), then write the config."""
         self.lock()
@@ -130,7 +141,7 @@ class RunLog:
         return self
 
     @classmethod
-    def open(cls, run_dir: Path, *, repair: bool = False) -> "RunLog":
+    def open(cls, run_dir: Path, *, repair: bool = False) -> RunLog:
         """Open an existing run folder to append to it (resume), holding its lock.
 
         A line cut short at the end of an appended file (a kill mid-write) is an error
@@ -213,7 +224,7 @@ class RunLog:
 
     # --- one writer at a time ---------------------------------------------------------
     def lock(self) -> None:
-        """Hold the folder's lock (labkit.runlock); RunLogError when a live trainer holds it."""
+        """Hold the folder's lock (labkit.run.lock); RunLogError when a live trainer holds it."""
         self._lock = RunLock.acquire(self.dir / LOCK)
 
     def release(self) -> None:
@@ -414,7 +425,7 @@ class Run:
 
     @property
     def metrics(self):
-        """One row per finished step, columns named as in labkit.metrics."""
+        """One row per finished step, columns named as in labkit.run.metrics."""
         import pandas as pd
 
         rows, _ = read_jsonl(self.dir / METRICS)

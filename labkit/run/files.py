@@ -5,7 +5,7 @@ file and a rename, so a reader never sees half a file; lines are appended with o
 an fsync, and a write that fails (a full disk) is cut back, so no half line stays, and
 raised as `WriteFailed`, in words: the file, and whether the disk is full. Reading back, a
 line that is not a JSON object (cut short, not UTF-8, a list) is counted, never raised, and
-a JSON file that is not one object is a RunLogError naming it (labkit.runlog decides what a
+a JSON file that is not one object is a RunLogError naming it (labkit.run.log decides what a
 resume makes of each).
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from labkit.errors import RunLogError, one_line
-from labkit.metrics import STEP
+from labkit.run.metrics import STEP
 
 
 class WriteFailed(RunLogError):
@@ -90,7 +90,7 @@ def read_jsonl(path: Path, *, strict_tail: bool = False) -> tuple[list[dict], in
             if strict_tail and i == len(lines) - 1:
                 raise RunLogError(
                     f"{path}: the last line is truncated (the run died while writing it); "
-                    f"repair with labkit.runlog.RunLog.open(..., repair=True)"
+                    f"repair with labkit.run.log.RunLog.open(..., repair=True)"
                 )
             bad += 1
         else:
