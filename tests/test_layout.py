@@ -95,3 +95,38 @@ def test_the_scan_sees_every_kind_of_import(tmp_path):
     assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.sub.c", "pkg.a"]
     (pkg / "sub" / "c.py").write_text("def f():\n    import pkg.sub\n")
     assert find_cycle(import_graph(pkg)) is None
+
+
+def code_map(readme: Path) -> dict[str, str]:
+    """README's code map: {first column: second column} of its table."""
+    text = readme.read_text()
+    table = text[text.index("## Code map"):]
+    table = table[: table.index("\n## ")]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].startswith("`labkit/"):
+            rows[cells[0]] = cells[1]
+    return rows
+
+
+def test_the_readme_code_map_names_every_module_once():
+    rows = code_map(PACKAGE.parent / "README.md")
+    missing, twice = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if len(rel.parts) == 1:  # a top-level module: its own row, or a name in the face's row
+            hits = sum(f"`labkit/{rel.name}`" in place or f"`{rel.name}`" in place
+                       or f", `{rel.name}`" in place for place in rows)
+        else:  # a module of a sub-package: named in its package's row
+            row = rows.get(f"`labkit/{rel.parts[0]}/`", "")
+            if rel.name == "__init__.py":
+                hits = 1 if row else 0
+            else:
+                hits = row.count(f"`{rel.stem}`")
+        if hits == 0:
+            missing.append(str(rel))
+        elif hits > 1:
+            twice.append(str(rel))
+    assert not missing, f"README's code map misses {missing}"
+    assert not twice, f"README's code map names {twice} more than once"
