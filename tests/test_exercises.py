@@ -392,6 +392,86 @@ def test_solved_student_check_cell_passes(capsys):
     assert "Exercise 1.1.1: correct." in capsys.readouterr().out
 
 
+WRAPPED = """with labkit.course.exercises.answer("1.1.1"):
+    ### BEGIN SOLUTION
+    no_signal = 1
+    ### END SOLUTION"""
+
+
+def wrapped_lesson() -> dict:
+    """The small lesson with its answer inside `answer("1.1.1")`, as the lessons write it."""
+    nb = lesson()
+    nb["cells"][4] = cell("code", WRAPPED)
+    nb["cells"][1]["source"] = ["import torch\n", "import labkit.course.exercises\n",
+                                "from labkit.grpo import compute_advantages"]
+    return nb
+
+
+def typed(nb: dict, text: str) -> dict:
+    """The students' copy of `nb` with `text` typed over its answer placeholder."""
+    student = student_notebook(nb, source_name="01_lesson.ipynb")
+    for c in student["cells"]:
+        source = "".join(c["source"])
+        if "# Exercise 1.1.1: your answer" in source:
+            c["source"] = [re.sub(r"no_signal = None.*", text, source)]
+    return student
+
+
+TYPO = "no_signal = int(compute_advantagez(rewards).zero_std.sum())"
+
+
+def test_an_answer_that_raises_prints_one_line_and_the_cells_below_run(capsys):
+    namespace = run_cells(typed(wrapped_lesson(), TYPO))  # Run All: no exception
+    out = capsys.readouterr().out
+    said = flat(out.split("Exercise 1.1.1: not yet")[0])
+    assert said.endswith("Exercise 1.1.1: your answer raised NameError: name 'compute_advantagez' "
+                         "is not defined (line 2 of this cell). Fix it, then run this cell and "
+                         "the check cell below again.")
+    assert "Traceback" not in out and "exercises.py" not in out
+    assert ("Exercise 1.1.1: not yet. Your answer cell raised NameError: name "
+            "'compute_advantagez' is not defined.") in flat(out)
+    assert out.endswith("the end\n")  # the cells below ran
+    assert isinstance(namespace["no_signal"], exercises.Raised)
+
+
+def test_an_answer_that_raises_replaces_the_answer_it_had():
+    """A right answer, then a broken one: the check reports the error, not the old answer."""
+    namespace: dict = {"labkit": labkit}
+    run_cell = lambda text: exec(compile(text, "<cell>", "exec"), namespace)  # noqa: E731
+    run_cell(WRAPPED)
+    assert exercises.verdict("1.1.1", namespace["no_signal"], rewards=torch.tensor(
+        [[0., 0.], [0., 1.]]))[0]
+    run_cell(WRAPPED.replace("no_signal = 1", "no_signal = 1 / 0"))
+    right, line = exercises.verdict("1.1.1", namespace["no_signal"], rewards=torch.zeros(2, 2))
+    assert not right and "raised ZeroDivisionError: division by zero" in flat(line)
+    run_cell(WRAPPED.replace("no_signal = 1", "no_signal = 2 / 0"))  # another error
+    exercises.verdict("1.1.1", namespace["no_signal"], rewards=torch.zeros(2, 2))
+    # two raised answers are no wrong tries: the first wrong number still gets no code
+    assert "Hint" not in exercises.verdict("1.1.1", 4, rewards=torch.zeros(2, 2))[1]
+
+
+def test_an_answer_that_raises_fails_when_graded(graded):
+    with pytest.raises(NameError, match="compute_advantagez"):  # the student's own error
+        run_cells(typed(wrapped_lesson(), TYPO))
+
+
+def test_an_interrupt_inside_an_answer_is_not_caught():
+    with pytest.raises(KeyboardInterrupt):
+        with exercises.answer("1.1.1"):
+            raise KeyboardInterrupt
+    with pytest.raises(KeyError, match="no exercise '9.9'"):
+        exercises.answer("9.9")
+
+
+def test_the_students_copy_of_a_wrapped_answer_keeps_the_with():
+    student = student_notebook(wrapped_lesson(), source_name="01_lesson.ipynb")
+    assert "".join(student["cells"][5]["source"]) == (
+        'with labkit.course.exercises.answer("1.1.1"):\n'
+        "    no_signal = None  # Exercise 1.1.1: your answer")
+    banner = flat("".join(student["cells"][0]["source"]))
+    assert "Neither cell stops *Run All*" in banner and "Run Selected Cell and All Below" in banner
+
+
 def write_lesson(folder: Path, nb: dict, name: str = "01_lesson.ipynb") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
@@ -500,6 +580,45 @@ def test_every_exercise_is_used_by_a_lesson_and_every_check_is_known():
             used.update(id for id, _ in students.check_calls("".join(c["source"])))
         student_notebook(nb, source_name=path.name)  # markers pair up
     assert used == set(exercises.EXERCISES)
+
+
+def test_every_answer_cell_catches_its_own_error():
+    """Each lesson's answer sits in `answer(id)` for the id its check cell grades, and the
+    check grades the name the exercise's `answer` sets when the cell raises."""
+    seen = set()
+    for path in LESSONS:
+        cells = json.loads(path.read_text())["cells"]
+        for i, c in enumerate(cells):
+            source = "".join(c["source"])
+            if BEGIN_MARK not in source:
+                continue
+            id, name = students._following_check(cells, i)
+            assert f'with labkit.course.exercises.answer("{id}"):\n    {BEGIN_MARK}' in source, \
+                f"{path.name}: the answer to {id} is not inside answer({id!r})"
+            assert name == exercises.EXERCISES[id].answer, (path.name, id)
+            seen.add(id)
+    assert seen == set(exercises.EXERCISES)
+
+
+def test_a_typo_in_lesson_1_2s_first_answer_lets_run_all_go_on(capsys):
+    """The students' 1.2 with a typo in 1.2.1's answer, every cell run in order as Run All
+    does: no cell raises, the typo is one line, the other exercises still get their checks."""
+    path = NOTEBOOKS / "02_watchdog_replay.ipynb"
+    student = student_notebook(json.loads(path.read_text()), source_name=path.name)
+    for c in student["cells"]:
+        c["source"] = ["".join(c["source"]).replace(
+            "waited = None", "waited = sum(polcy.ceiling(k) for k in range(1, 5))")]
+    import warnings
+
+    saved = warnings.formatwarning  # the lesson's first cell sets plain warnings
+    try:
+        run_cells(student)
+    finally:
+        warnings.formatwarning = saved
+    out = flat(capsys.readouterr().out)
+    assert "Exercise 1.2.1: your answer raised NameError: name 'polcy' is not defined" in out
+    assert "Exercise 1.2.1: not yet. Your answer cell raised NameError" in out
+    assert "Exercise 1.2.2: not answered yet" in out and "Exercise 1.2.3: not answered yet" in out
 
 
 def test_committed_student_copies_are_up_to_date():
