@@ -147,3 +147,12 @@ def test_save_figure_writes_png_and_svg(runs, tmp_path):
 def test_plot_all(runs, tmp_path):
     paths = plots.plot_all(runs, tmp_path)
     assert len(paths) == 8 and all(p.stat().st_size > 0 for p in paths)
+
+
+def test_a_stopped_run_is_marked_in_the_legend(tmp_path):
+    from test_gains import rerun_pair
+
+    fig = analysis.reward_curve(rerun_pair(tmp_path), early=(0, 3), late=(8, 11))
+    labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert "8 answers (1 run, seed 7; stopped after step 1)" in labels
+    assert "2 answers (1 run, seed 7)" in labels

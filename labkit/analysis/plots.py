@@ -45,7 +45,8 @@ from labkit.analysis.costs import common_clean_steps, run_costs  # noqa: E402
 from labkit.analysis.gains import EARLY, LATE  # noqa: E402
 from labkit.metrics import STEP  # noqa: E402
 from labkit.analysis.runframe import (  # noqa: E402
-    RESPONSE_LEN, REWARD, ROLLOUT_TIME, ZERO_STD, Runs, as_runs, is_constructed, metric_values)
+    RESPONSE_LEN, REWARD, ROLLOUT_TIME, ZERO_STD, Runs, as_runs, is_constructed, is_stopped,
+    metric_values, status_text)
 
 STEP_LABEL = "step (rollout index, from 0)"
 PAUSE_COLOR = "tab:red"
@@ -117,16 +118,20 @@ def _draw_by_group(ax, runs: pd.DataFrame, column: str, by: str = "group_size") 
         if wide.shape[1] == 0:
             continue
         color, name = colors[g], _group_label(by, g)
+        stopped = [status_text(run) for _, run in group.groupby("run", sort=False)
+                   if run.run.iat[0] in wide.columns and is_stopped(run)]
         if wide.shape[1] == 1:
             seed = group.seed.iat[0]
+            ended = f"; {stopped[0]}" if stopped else ""
             ax.plot(wide.index, wide.iloc[:, 0], color=color, lw=1.8, marker="o", ms=3,
-                    label=f"{name} (1 run, seed {seed})")
+                    label=f"{name} (1 run, seed {seed}{ended})")
             continue
         shared = wide.dropna()
+        ended = f" ({len(stopped)} stopped)" if stopped else ""
         ax.fill_between(shared.index, shared.min(axis=1), shared.max(axis=1), color=color,
-                        alpha=0.22, lw=0, label=f"{name}: min-max of {wide.shape[1]} seeds")
+                        alpha=0.22, lw=0, label=f"{name}: min-max of {wide.shape[1]} seeds{ended}")
         ax.plot(shared.index, shared.mean(axis=1), color=color, lw=1.8, marker="o", ms=3,
-                label=f"{name}: mean of {wide.shape[1]} seeds")
+                label=f"{name}: mean of {wide.shape[1]} seeds{ended}")
         tails = [wide[run][~wide.index.isin(shared.index)].dropna() for run in wide.columns]
         for i, tail in enumerate(t for t in tails if len(t)):  # steps only some seeds have
             ax.plot(tail.index, tail, color=color, lw=0.9, alpha=0.7, ls="--",
