@@ -260,6 +260,32 @@ def test_common_clean_steps_of_two_runs():
     assert "common clean steps are 21" in wrong("1.3.3", [0], runs=runs, a="a", b="b")
 
 
+def test_common_clean_steps_are_graded_on_two_runs_that_both_paused():
+    """With one run clean throughout, the other run's clean steps alone would pass: refused."""
+    def rows(name: str, dirty: set[int]) -> pd.DataFrame:
+        return pd.DataFrame({"run": name, "group_size": 8, "rollout/step": range(24),
+                             "clean": [s not in dirty for s in range(24)]})
+
+    runs = pd.concat([rows("a", {1, 2}), rows("b", set())], ignore_index=True)
+    with pytest.raises(exercises.GivenError, match="b has none"):
+        exercises.verdict("1.3.3", [0, 3], runs=runs, a="a", b="b")
+
+
+@pytest.mark.skipif(not (REPO / "data" / "runs").is_dir(), reason="no data/runs")
+def test_lesson_1_3s_pair_tells_one_runs_clean_steps_from_the_common_ones():
+    from labkit.analysis import load_runs
+    from labkit.course import paused_run
+
+    lesson = json.loads((NOTEBOOKS / "03_group_size.ipynb").read_text())
+    source = "\n".join("".join(c["source"]) for c in lesson["cells"])
+    a, b = re.search(r'^A, B = "([^"]+)", "([^"]+)"', source, re.M).groups()
+    assert [a, b] == paused_run.NAMES
+    pair = load_runs([REPO / "data" / "runs" / a, REPO / "data" / "runs" / b], constructed=True)
+    for name in (a, b):
+        mine = pair[(pair.run == name) & pair.clean]["rollout/step"]
+        assert "clean steps of one run" in wrong("1.3.3", sorted(mine), runs=pair, a=a, b=b)
+
+
 # ====================================================================== students' copies
 SOLVED = """rewards = [1, 2]
 ### BEGIN SOLUTION

@@ -61,6 +61,11 @@ class _Wrong(Exception):
     """Raised by a grader with what is wrong with this answer."""
 
 
+class GivenError(ValueError):
+    """What a check cell hands a grader cannot tell a right answer from a wrong one (the
+    lesson's mistake, not the student's): raised as it is, whatever the answer."""
+
+
 @dataclass(frozen=True)
 class Exercise:
     """One exercise: its id ("1.1.1": lesson 1.1, exercise 1), the task, a nudge, a hint, a
@@ -150,7 +155,8 @@ def verdict(id: str, answer: Any, **given) -> tuple[bool, str]:
     """(right, what a check cell shows) for `answer` to exercise `id`: the verdict on the first
     line, then the nudge (unanswered, or a first wrong answer) or the hint with the code (from
     the HINT_AFTER-th different wrong answer on). Never raises for an answer, whatever it is;
-    raises KeyError for an unknown exercise id."""
+    raises KeyError for an unknown exercise id, and GivenError when what the check cell
+    hands cannot tell a right answer from a wrong one."""
     ex = _known(id)
     if isinstance(answer, Raised):  # not a wrong try: the answer never came to be
         return False, _lines(f"Exercise {id}: not yet. Your answer cell raised {answer.error}.",
@@ -161,6 +167,8 @@ def verdict(id: str, answer: Any, **given) -> tuple[bool, str]:
                              "both cells again.", f"Where to start: {ex.nudge}")
     try:
         ex.grade(answer, **given)
+    except GivenError:
+        raise
     except _Wrong as wrong:
         why = str(wrong)
     except Exception as e:  # an answer of a shape the grader did not foresee
@@ -481,6 +489,11 @@ def _grade_common(answer, *, runs, a: str, b: str) -> None:
     def every(name: str) -> set[int]:
         r = runs[runs["run"] == name]
         return set(r.loc[r[STEP] <= 23, STEP].astype(int))
+
+    for name in (a, b):  # else one run's clean steps are the answer too, and pass
+        if clean(name) == every(name):
+            raise GivenError(f"exercise 1.3.3 needs two runs that both have unclean steps among "
+                             f"steps 0-23; {name} has none (or no step there)")
 
     expected = sorted(clean(a) & clean(b))
     if steps == expected:
