@@ -558,7 +558,29 @@ def test_check_calls_a_solved_copy_edited_not_stale_or_changed(tmp_path, capsys)
     assert labkit_main(["students", str(src), "--check"]) == 1
     printed = capsys.readouterr()
     assert f"{copy}: edited since labkit wrote it" in printed.out and "stale" not in printed.out
-    assert "--force" in printed.out and "with --force for the edited ones" in printed.err
+    assert "--force" not in printed.out  # it would overwrite the student's answers
+
+
+def test_the_checks_advice_for_an_edited_copy_keeps_the_answers(tmp_path):
+    src = tmp_path / "notebooks"
+    write_lesson(src, lesson())
+    assert labkit_main(["students", str(src)]) == 0
+    copy = src / "students" / "01_lesson.ipynb"
+    copy.write_text(copy.read_text().replace("no_signal = None", "no_signal = 1"))
+    nb = lesson()
+    nb["cells"][0]["source"] = ["# A lesson, edited\n"]
+    write_lesson(src, nb, "02_other.ipynb")
+    advice = students.check_advice(src, None, students.stale_students(src))
+    assert "--force" not in advice
+    fresh = src / "students-fresh"
+    assert advice == (f"the students' copies are out of date; run: labkit students {src} (it "
+                      f"keeps the edited copies and their answers; for fresh ones beside them: "
+                      f"labkit students {src} --out {fresh})")
+    assert labkit_main(["students", str(src), "--out", str(fresh)]) == 0  # the advice is safe:
+    assert "no_signal = 1" in copy.read_text()  # the answer is still there
+    assert (fresh / "01_lesson.ipynb").exists()
+    assert students.check_advice(src, "out", ["x: stale (...)"]) == (
+        f"the students' copies are out of date; run: labkit students {src} --out out")
 
 
 def test_students_command_rewrites_an_untouched_copy_of_a_changed_lesson(tmp_path):

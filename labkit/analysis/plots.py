@@ -227,25 +227,45 @@ def rollout_time_curve(runs: Runs, *, last_step: int | None = LATE[1]) -> Figure
     fig, axes = _figure(len(names), height=1.4 + 1.6 * len(names), sharey=True)
     colors = _colors(runs)
     for ax, name in zip(axes, names):
-        _draw_time_panel(ax, runs[runs.run == name], costs.loc[name], common, colors)
+        _draw_time_panel(ax, runs[runs.run == name], costs.loc[name], common, colors,
+                         alone=len(names) == 1)
     top = pd.to_numeric(runs.get(ROLLOUT_TIME, pd.Series(dtype=float)), errors="coerce").max()
     axes[0].set_ylim(0, 1.45 * top if top > 0 else 1.0)  # room for each panel's label
     _step_axis(axes[-1], runs)  # the panels share their x axis
     axes[-1].set_xlabel(STEP_LABEL)
-    fig.legend(handles=[Patch(color=PAUSE_COLOR, alpha=0.3, label="step touched by a heat pause"),
-                        Line2D([], [], color="0.3", marker="o", ls="", label="step used in the median"),
-                        Line2D([], [], color="0.3", marker="o", mfc="white", ls="",
-                               label="step not used"),
-                        Line2D([], [], color="0.3", ls="--", label="median")],
-               loc="outside lower center", ncol=4, fontsize=8, frameon=False)
-    _title(fig, axes[0], "Rollout time per step, steps touched by a heat pause shaded", runs)
+    paused = bool(_paused_steps(runs).any())
+    handles = [Line2D([], [], color="0.3", marker="o", ls="", label="step used in the median"),
+               Line2D([], [], color="0.3", marker="o", mfc="white", ls="", label="step not used"),
+               Line2D([], [], color="0.3", ls="--", label="median")]
+    if paused:
+        handles.insert(0, Patch(color=PAUSE_COLOR, alpha=0.3, label="step touched by a heat pause"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
+    _title(fig, axes[0], _time_title(runs, paused), runs)
     return fig
 
 
+def _paused_steps(runs: pd.DataFrame) -> pd.Series:
+    """Per row: a heat pause touched the step (heat/clean false, or heat.jsonl has a pause)."""
+    return ~runs["clean"].astype(bool) | (runs["heat_pause_s"] > 0)
+
+
+def _time_title(runs: pd.DataFrame, paused: bool) -> str:
+    """The timing figure's title: the heat pauses only where there could be some. A run whose
+    guard read no temperature (a CPU run: no GPU) cannot pause, so its title does not say
+    pause."""
+    if paused:
+        return "Rollout time per step, steps touched by a heat pause shaded"
+    read = "heat/max_temp_c" in runs and pd.to_numeric(runs["heat/max_temp_c"],
+                                                       errors="coerce").notna().any()
+    return ("Rollout time per step: no step was touched by a heat pause" if read
+            else "Rollout time per step")
+
+
 def _draw_time_panel(ax, run: pd.DataFrame, cost: pd.Series, common: list[int],
-                     colors: dict[int, str]) -> None:
-    """One run's rollout time per step, its paused steps shaded, its median dashed."""
-    paused = run.loc[~run["clean"].astype(bool) | (run["heat_pause_s"] > 0), STEP]
+                     colors: dict[int, str], alone: bool = False) -> None:
+    """One run's rollout time per step, its paused steps shaded, its median dashed. `alone`:
+    the figure's only run (its median is over its own clean steps: no others to share)."""
+    paused = run.loc[_paused_steps(run), STEP]
     for a, b in _spans(paused):
         ax.axvspan(a - 0.5, b + 0.5, color=PAUSE_COLOR, alpha=0.13, lw=0, zorder=0)
     time = metric_values(run, ROLLOUT_TIME)
@@ -258,15 +278,21 @@ def _draw_time_panel(ax, run: pd.DataFrame, cost: pd.Series, common: list[int],
         ax.plot(run[STEP][~used], time[~used], "o", ms=3.5, mfc="white", mec=color)
         ax.plot(run[STEP][used], time[used], "o", ms=3.5, color=color)
         ax.axhline(cost.time_s, color=color, ls="--", lw=1)
-    ax.text(0.01, 0.95, _panel_text(run.run.iat[0], cost, len(common)), transform=ax.transAxes,
-            va="top", fontsize=8, bbox=dict(fc="white", ec="none", alpha=0.8))
+    ax.text(0.01, 0.95, _panel_text(run.run.iat[0], cost, len(common), alone=alone),
+            transform=ax.transAxes, va="top", fontsize=8,
+            bbox=dict(fc="white", ec="none", alpha=0.8))
     ax.set_ylabel("rollout time (s)")
 
 
-def _panel_text(name: str, cost: pd.Series, n_common: int) -> str:
+def _panel_text(name: str, cost: pd.Series, n_common: int, *, alone: bool = False) -> str:
     head = f"{name}: {cost.group_size} answers, seed {cost.seed}"
     if is_constructed(name):
         head = f"CONSTRUCTED (made up) {head}"
+    if cost.basis == "common clean steps" and alone:
+        if cost.clean_steps == cost.steps:
+            return f"{head}\nmedian {cost.time_s:.1f} s over its {cost.steps} steps"
+        return (f"{head}\nmedian {cost.time_s:.1f} s on its {cost.clean_steps} clean steps "
+                f"(of {cost.steps})")
     if cost.basis == "common clean steps":
         return f"{head}\nmedian {cost.time_s:.1f} s on the {n_common} common clean steps"
     if cost.basis == "own clean steps":

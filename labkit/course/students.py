@@ -219,9 +219,27 @@ def stale_students(src_dir: Path, out_dir: Optional[Path] = None) -> list[str]:
             problems.append(f"{path}: stale (its source {name} changed since labkit wrote it)")
         else:
             problems.append(f"{path}: edited since labkit wrote it (solved, run or saved: it may "
-                            f"hold a student's answers); labkit students keeps it, --force "
-                            f"overwrites it")
+                            f"hold a student's answers); labkit students keeps it")
     for path in sorted(out_dir.glob("*.ipynb")) if out_dir.is_dir() else []:
         if path.name not in wanted:
             problems.append(f"{path}: extra (no source notebook {path.name})")
     return problems
+
+
+EDITED = ": edited since labkit wrote it"  # in stale_students' line for a copy a student changed
+
+
+def check_advice(src_dir, out_dir=None, problems: Optional[list[str]] = None) -> str:
+    """The last line of `labkit students --check` when copies are out of date: the command
+    that rewrites them, and, when one was edited (`problems` from stale_students names it),
+    a way that loses no answer: fresh copies written to a folder of their own, beside the
+    edited ones, whose answers can then be copied across. Never --force, which overwrites
+    the answers."""
+    out = f" --out {out_dir}" if out_dir else ""
+    line = f"the students' copies are out of date; run: labkit students {src_dir}{out}"
+    if any(EDITED in p for p in problems or ()):
+        fresh = Path(out_dir) if out_dir else Path(src_dir) / STUDENTS
+        line += (f" (it keeps the edited copies and their answers; for fresh ones beside them: "
+                 f"labkit students {src_dir} --out {fresh.parent / (fresh.name + '-fresh')})")
+    return line
+
