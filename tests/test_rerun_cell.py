@@ -18,6 +18,7 @@ import pytest
 
 import labkit
 import labkit.analysis
+import labkit.course.live  # noqa: F401  (the rerun cell draws its live figure)
 import labkit.course.profiles as profiles
 from labkit.checkpoint import latest_checkpoint
 
