@@ -481,6 +481,14 @@ def test_an_answer_that_raises_fails_when_graded(graded):
         run_cells(typed(wrapped_lesson(), TYPO))
 
 
+def test_an_answers_error_of_many_lines_is_said_in_one(capsys):
+    with exercises.answer("1.1.1"):
+        raise ValueError("first line\n  second line\n" + "x" * 400)
+    said = flat(capsys.readouterr().out)
+    assert said.startswith("Exercise 1.1.1: your answer raised ValueError: first line second "
+                           "line xxx") and "..." in said and len(said) < 500
+
+
 def test_an_interrupt_inside_an_answer_is_not_caught():
     with pytest.raises(KeyboardInterrupt):
         with exercises.answer("1.1.1"):

@@ -129,13 +129,15 @@ class answer:
     def __exit__(self, kind, error, tb) -> bool:
         if error is None or not isinstance(error, Exception) or grading():
             return False  # KeyboardInterrupt (the ■ button) and grading go on as they are
-        what = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        said = " ".join(str(error).split())  # one line, however the error wrote it
+        said = said if len(said) <= 300 else said[:297] + "..."
+        what = f"{type(error).__name__}: {said}" if said else type(error).__name__
         where = f" (line {tb.tb_lineno} of this cell)" if tb is not None else ""
         print(_lines(f"Exercise {self.id}: your answer raised {what}{where}.",
                      "Fix it, then run this cell and the check cell below again."))
-        name = EXERCISES[self.id].answer
-        if name:
-            sys._getframe(1).f_globals[name] = Raised(self.id, what)  # the cell's namespace
+        name, cell = EXERCISES[self.id].answer, sys._getframe(1)
+        if name and cell.f_locals is cell.f_globals:  # a cell's top level (not in a function)
+            cell.f_globals[name] = Raised(self.id, what)
         return True
 
 
