@@ -502,8 +502,10 @@ def _say_reward(run) -> None:
         right_text = f", answers right {right.iat[0]:.3f} -> {right.iat[1]:.3f}"
     except analysis.AnalysisError:
         right_text = ""
-    print(f"reward {start:.3f} -> {end:.3f}{right_text} (mean of the first and of the last {k} "
-          f"of {len(run.metrics)} steps); plot: {written[0]}")
+    n = len(run.metrics)
+    ends = (f"the first and the last of {n} steps" if k == 1
+            else f"mean of the first and of the last {k} of {n} steps")
+    print(f"reward {start:.3f} -> {end:.3f}{right_text} ({ends}); plot: {written[0]}")
 
 
 def _say_ignored(cfg: RunConfig, explicit: set[str]) -> None:
@@ -618,7 +620,7 @@ def students(a: argparse.Namespace) -> int:
     """`labkit students [SRC] [--out DIR] [--check] [--force]`: write (or check) the students'
     copies. Returns 0; 1 when --check finds stale copies, or when copies a student edited were
     kept (--force overwrites them); 2 for a bad SRC or notebook."""
-    from labkit.course.students import stale_students, student_texts, write_students
+    from labkit.course.students import check_advice, stale_students, student_texts, write_students
 
     src = Path(a.src)
     if not src.is_dir() or not any(src.glob("*.ipynb")):
@@ -631,10 +633,7 @@ def students(a: argparse.Namespace) -> int:
             for line in problems:
                 print(line)
             if problems:
-                edited = any(": edited since labkit wrote it" in line for line in problems)
-                print(f"the students' copies are out of date; run: labkit students {src}"
-                      + (f" --out {a.out}" if a.out else "")
-                      + (" (with --force for the edited ones)" if edited else ""), file=sys.stderr)
+                print(check_advice(src, a.out, problems), file=sys.stderr)
                 return 1
             print(f"students' copies up to date ({len(student_texts(src))} notebooks)")
             return 0

@@ -234,6 +234,10 @@ def finish_run(s: Session, reason: str, last: int, message: str, bar, saves: Sav
         when = f"after step {last}" if last >= 0 else "before its first step"
         print(f"labkit: run stopped ({reason}{': ' + message if message else ''}{note}) {when}; "
               f"log in {s.log.dir}", flush=True)
+        if reason != "completed":
+            kept = kept_checkpoint(s.log.dir)
+            if kept:
+                print(f"labkit: {kept}", flush=True)
     finally:
         s.log.release()  # the next trainer may take the folder
 
@@ -274,6 +278,35 @@ def final_checkpoint(s: Session, reason: str, last: int, saves: SavePolicy,
     except KeyboardInterrupt:
         return f"; a second signal cut the checkpoint of step {last} short: {resume_note(s.log.dir)}"
     return ""
+
+
+def kept_checkpoint(run_dir: Path) -> str:
+    """'checkpoint after step 1 kept in <dir>/checkpoint (1.6 GB): <how to resume> continues
+    the run; delete that folder to free the space', or '' when the run keeps none. The way
+    to resume is a cell's in a notebook (labkit.run.progress.in_notebook), the command line's
+    elsewhere: a stopped run's checkpoint is large, and it is there only to resume."""
+    from labkit.run.progress import in_notebook
+
+    try:
+        found = latest_checkpoint(run_dir)
+    except RunLogError:
+        return ""
+    if found is None:
+        return ""
+    folder = found[1].parent
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    how = (f"labkit.launch(cfg, resume={str(run_dir)!r})" if in_notebook()
+           else f"labkit launch --resume {run_dir}")
+    return (f"checkpoint after step {found[0]} kept in {folder} ({_size_text(size)}): {how} "
+            f"continues the run; delete that folder to free the space")
+
+
+def _size_text(size: int) -> str:
+    """'1.6 GB', '350 MB', '12 kB': a file size as a person reads it."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}" if size < 10 * scale else f"{size / scale:.0f} {unit}"
+    return f"{max(size / 1e3, 1):.0f} kB"
 
 
 def resume_note(run_dir: Path) -> str:

@@ -261,6 +261,32 @@ def test_common_clean_steps_of_two_runs():
     assert "common clean steps are 21" in wrong("1.3.3", [0], runs=runs, a="a", b="b")
 
 
+def test_common_clean_steps_are_graded_on_two_runs_that_both_paused():
+    """With one run clean throughout, the other run's clean steps alone would pass: refused."""
+    def rows(name: str, dirty: set[int]) -> pd.DataFrame:
+        return pd.DataFrame({"run": name, "group_size": 8, "rollout/step": range(24),
+                             "clean": [s not in dirty for s in range(24)]})
+
+    runs = pd.concat([rows("a", {1, 2}), rows("b", set())], ignore_index=True)
+    with pytest.raises(exercises.GivenError, match="b has none"):
+        exercises.verdict("1.3.3", [0, 3], runs=runs, a="a", b="b")
+
+
+@pytest.mark.skipif(not (REPO / "data" / "runs").is_dir(), reason="no data/runs")
+def test_lesson_1_3s_pair_tells_one_runs_clean_steps_from_the_common_ones():
+    from labkit.analysis import load_runs
+    from labkit.course import paused_run
+
+    lesson = json.loads((NOTEBOOKS / "03_group_size.ipynb").read_text())
+    source = "\n".join("".join(c["source"]) for c in lesson["cells"])
+    a, b = re.search(r'^A, B = "([^"]+)", "([^"]+)"', source, re.M).groups()
+    assert [a, b] == paused_run.NAMES
+    pair = load_runs([REPO / "data" / "runs" / a, REPO / "data" / "runs" / b], constructed=True)
+    for name in (a, b):
+        mine = pair[(pair.run == name) & pair.clean]["rollout/step"]
+        assert "clean steps of one run" in wrong("1.3.3", sorted(mine), runs=pair, a=a, b=b)
+
+
 # ====================================================================== students' copies
 SOLVED = """rewards = [1, 2]
 ### BEGIN SOLUTION
@@ -393,6 +419,94 @@ def test_solved_student_check_cell_passes(capsys):
     assert "Exercise 1.1.1: correct." in capsys.readouterr().out
 
 
+WRAPPED = """with labkit.course.exercises.answer("1.1.1"):
+    ### BEGIN SOLUTION
+    no_signal = 1
+    ### END SOLUTION"""
+
+
+def wrapped_lesson() -> dict:
+    """The small lesson with its answer inside `answer("1.1.1")`, as the lessons write it."""
+    nb = lesson()
+    nb["cells"][4] = cell("code", WRAPPED)
+    nb["cells"][1]["source"] = ["import torch\n", "import labkit.course.exercises\n",
+                                "from labkit.grpo import compute_advantages"]
+    return nb
+
+
+def typed(nb: dict, text: str) -> dict:
+    """The students' copy of `nb` with `text` typed over its answer placeholder."""
+    student = student_notebook(nb, source_name="01_lesson.ipynb")
+    for c in student["cells"]:
+        source = "".join(c["source"])
+        if "# Exercise 1.1.1: your answer" in source:
+            c["source"] = [re.sub(r"no_signal = None.*", text, source)]
+    return student
+
+
+TYPO = "no_signal = int(compute_advantagez(rewards).zero_std.sum())"
+
+
+def test_an_answer_that_raises_prints_one_line_and_the_cells_below_run(capsys):
+    namespace = run_cells(typed(wrapped_lesson(), TYPO))  # Run All: no exception
+    out = capsys.readouterr().out
+    said = flat(out.split("Exercise 1.1.1: not yet")[0])
+    assert said.endswith("Exercise 1.1.1: your answer raised NameError: name 'compute_advantagez' "
+                         "is not defined (line 2 of this cell). Fix it, then run this cell and "
+                         "the check cell below again.")
+    assert "Traceback" not in out and "exercises.py" not in out
+    assert ("Exercise 1.1.1: not yet. Your answer cell raised NameError: name "
+            "'compute_advantagez' is not defined.") in flat(out)
+    assert out.endswith("the end\n")  # the cells below ran
+    assert isinstance(namespace["no_signal"], exercises.Raised)
+
+
+def test_an_answer_that_raises_replaces_the_answer_it_had():
+    """A right answer, then a broken one: the check reports the error, not the old answer."""
+    namespace: dict = {"labkit": labkit}
+    run_cell = lambda text: exec(compile(text, "<cell>", "exec"), namespace)  # noqa: E731
+    run_cell(WRAPPED)
+    assert exercises.verdict("1.1.1", namespace["no_signal"], rewards=torch.tensor(
+        [[0., 0.], [0., 1.]]))[0]
+    run_cell(WRAPPED.replace("no_signal = 1", "no_signal = 1 / 0"))
+    right, line = exercises.verdict("1.1.1", namespace["no_signal"], rewards=torch.zeros(2, 2))
+    assert not right and "raised ZeroDivisionError: division by zero" in flat(line)
+    run_cell(WRAPPED.replace("no_signal = 1", "no_signal = 2 / 0"))  # another error
+    exercises.verdict("1.1.1", namespace["no_signal"], rewards=torch.zeros(2, 2))
+    # two raised answers are no wrong tries: the first wrong number still gets no code
+    assert "Hint" not in exercises.verdict("1.1.1", 4, rewards=torch.zeros(2, 2))[1]
+
+
+def test_an_answer_that_raises_fails_when_graded(graded):
+    with pytest.raises(NameError, match="compute_advantagez"):  # the student's own error
+        run_cells(typed(wrapped_lesson(), TYPO))
+
+
+def test_an_answers_error_of_many_lines_is_said_in_one(capsys):
+    with exercises.answer("1.1.1"):
+        raise ValueError("first line\n  second line\n" + "x" * 400)
+    said = flat(capsys.readouterr().out)
+    assert said.startswith("Exercise 1.1.1: your answer raised ValueError: first line second "
+                           "line xxx") and "..." in said and len(said) < 500
+
+
+def test_an_interrupt_inside_an_answer_is_not_caught():
+    with pytest.raises(KeyboardInterrupt):
+        with exercises.answer("1.1.1"):
+            raise KeyboardInterrupt
+    with pytest.raises(KeyError, match="no exercise '9.9'"):
+        exercises.answer("9.9")
+
+
+def test_the_students_copy_of_a_wrapped_answer_keeps_the_with():
+    student = student_notebook(wrapped_lesson(), source_name="01_lesson.ipynb")
+    assert "".join(student["cells"][5]["source"]) == (
+        'with labkit.course.exercises.answer("1.1.1"):\n'
+        "    no_signal = None  # Exercise 1.1.1: your answer")
+    banner = flat("".join(student["cells"][0]["source"]))
+    assert "Neither cell stops *Run All*" in banner and "Run Selected Cell and All Below" in banner
+
+
 def write_lesson(folder: Path, nb: dict, name: str = "01_lesson.ipynb") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
@@ -453,7 +567,30 @@ def test_check_calls_a_solved_copy_edited_not_stale_or_changed(tmp_path, capsys)
     assert labkit_main(["students", str(src), "--check"]) == 1
     printed = capsys.readouterr()
     assert f"{copy}: edited since labkit wrote it" in printed.out and "stale" not in printed.out
-    assert "--force" in printed.out and "with --force for the edited ones" in printed.err
+    assert "--force" not in printed.out + printed.err  # it would overwrite the student's answers
+    assert printed.err.strip() == students.check_advice(src, None, [f"{copy}: edited since labkit wrote it"])
+
+
+def test_the_checks_advice_for_an_edited_copy_keeps_the_answers(tmp_path):
+    src = tmp_path / "notebooks"
+    write_lesson(src, lesson())
+    assert labkit_main(["students", str(src)]) == 0
+    copy = src / "students" / "01_lesson.ipynb"
+    copy.write_text(copy.read_text().replace("no_signal = None", "no_signal = 1"))
+    nb = lesson()
+    nb["cells"][0]["source"] = ["# A lesson, edited\n"]
+    write_lesson(src, nb, "02_other.ipynb")
+    advice = students.check_advice(src, None, students.stale_students(src))
+    assert "--force" not in advice
+    fresh = src / "students-fresh"
+    assert advice == (f"the students' copies are out of date; run: labkit students {src} (it "
+                      f"keeps the edited copies and their answers; for fresh ones beside them: "
+                      f"labkit students {src} --out {fresh})")
+    assert labkit_main(["students", str(src), "--out", str(fresh)]) == 0  # the advice is safe:
+    assert "no_signal = 1" in copy.read_text()  # the answer is still there
+    assert (fresh / "01_lesson.ipynb").exists()
+    assert students.check_advice(src, "out", ["x: stale (...)"]) == (
+        f"the students' copies are out of date; run: labkit students {src} --out out")
 
 
 def test_students_command_rewrites_an_untouched_copy_of_a_changed_lesson(tmp_path):
@@ -501,6 +638,45 @@ def test_every_exercise_is_used_by_a_lesson_and_every_check_is_known():
             used.update(id for id, _ in students.check_calls("".join(c["source"])))
         student_notebook(nb, source_name=path.name)  # markers pair up
     assert used == set(exercises.EXERCISES)
+
+
+def test_every_answer_cell_catches_its_own_error():
+    """Each lesson's answer sits in `answer(id)` for the id its check cell grades, and the
+    check grades the name the exercise's `answer` sets when the cell raises."""
+    seen = set()
+    for path in LESSONS:
+        cells = json.loads(path.read_text())["cells"]
+        for i, c in enumerate(cells):
+            source = "".join(c["source"])
+            if BEGIN_MARK not in source:
+                continue
+            id, name = students._following_check(cells, i)
+            assert f'with labkit.course.exercises.answer("{id}"):\n    {BEGIN_MARK}' in source, \
+                f"{path.name}: the answer to {id} is not inside answer({id!r})"
+            assert name == exercises.EXERCISES[id].answer, (path.name, id)
+            seen.add(id)
+    assert seen == set(exercises.EXERCISES)
+
+
+def test_a_typo_in_lesson_1_2s_first_answer_lets_run_all_go_on(capsys):
+    """The students' 1.2 with a typo in 1.2.1's answer, every cell run in order as Run All
+    does: no cell raises, the typo is one line, the other exercises still get their checks."""
+    path = NOTEBOOKS / "02_watchdog_replay.ipynb"
+    student = student_notebook(json.loads(path.read_text()), source_name=path.name)
+    for c in student["cells"]:
+        c["source"] = ["".join(c["source"]).replace(
+            "waited = None", "waited = sum(polcy.ceiling(k) for k in range(1, 5))")]
+    import warnings
+
+    saved = warnings.formatwarning  # the lesson's first cell sets plain warnings
+    try:
+        run_cells(student)
+    finally:
+        warnings.formatwarning = saved
+    out = flat(capsys.readouterr().out)
+    assert "Exercise 1.2.1: your answer raised NameError: name 'polcy' is not defined" in out
+    assert "Exercise 1.2.1: not yet. Your answer cell raised NameError" in out
+    assert "Exercise 1.2.2: not answered yet" in out and "Exercise 1.2.3: not answered yet" in out
 
 
 def test_committed_student_copies_are_up_to_date():

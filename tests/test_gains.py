@@ -211,3 +211,50 @@ def test_reward_rise_says_how_much_of_the_rise_is_right_answers(tmp_path):
     metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
     (row,) = reward_rise(load_runs(tmp_path)).to_dict("records")
     assert row["right_rise"] == pytest.approx(0.25)
+
+
+def rerun_pair(root: Path) -> pd.DataFrame:
+    """Lesson 1.3's CPU rerun after one stop: 2 answers complete (12 steps), 8 answers
+    launched for 12 steps and stopped after step 1."""
+    write_run(root, "rerun-n2", group_size=2, seed=7, rewards=[0.1] * 4 + [0.2] * 4 + [0.4] * 4,
+              times=[10.0] * 12)
+    stopped = write_run(root, "rerun-n8", group_size=8, seed=7, rewards=[0.5, 0.9],
+                        times=[20.0] * 2, status="signal")
+    config = json.loads((stopped / "config.json").read_text())
+    (stopped / "config.json").write_text(json.dumps({**config, "num_rollout": 12}))
+    return load_runs(root)
+
+
+def test_a_stopped_run_has_no_rise_over_other_windows_than_the_complete_runs(tmp_path):
+    from labkit.analysis import reward_rise, rise_windows
+
+    runs = rerun_pair(tmp_path)
+    assert rise_windows(runs) == ((0, 3), (8, 11))  # the thirds of the 12 steps launched
+    rise = reward_rise(runs).set_index("run")
+    assert rise.loc["rerun-n2", "status"] == "completed" and rise.loc["rerun-n2", "note"] == ""
+    assert rise.loc["rerun-n2", "rise"] == pytest.approx(0.3)
+    assert rise.loc["rerun-n2", "rise_per_step"] == pytest.approx(0.3 / 8)
+    stopped = rise.loc["rerun-n8"]
+    assert stopped.status == "stopped after step 1" and stopped.steps == 2
+    assert np.isnan(stopped.rise) and np.isnan(stopped.end) and np.isnan(stopped.rise_per_minute)
+    assert stopped.note == "no rise: it has 2 steps (0-1), the windows are steps 0-3 and 8-11"
+
+
+def test_a_run_stopped_at_its_time_limit_or_failed_says_so(tmp_path):
+    from labkit.analysis import is_stopped, status_text
+
+    for seed, (name, status) in enumerate([("a", "time_limit"), ("b", "error"),
+                                           ("c", "completed")]):
+        write_run(tmp_path, name, group_size=4, seed=seed, rewards=[0.1] * 3, times=[1.0] * 3,
+                  status=status)
+    (tmp_path / "d").mkdir()
+    write_run(tmp_path / "d", "d", group_size=4, seed=3, rewards=[0.1] * 3, times=[1.0] * 3)
+    (tmp_path / "d" / "d" / "status.json").unlink()  # still running, or killed
+    runs = {name: run for name, run in load_runs(tmp_path).groupby("run")}
+    assert [status_text(runs[n]) for n in "abcd"] == [
+        "stopped after step 2 (time limit)", "failed after step 2", "completed",
+        "no status after step 2"]
+    # all 3 steps they were launched for are logged: a stop after the last step is no gap
+    assert not any(is_stopped(runs[n]) for n in "abcd")
+    short = runs["a"].assign(planned_steps=12)
+    assert is_stopped(short) and is_stopped(runs["b"].assign(planned_steps=None))

@@ -126,3 +126,35 @@ def test_the_lessons_readme_names_what_exists():
     readme = (NOTEBOOKS / "README.md").read_text()
     assert "lesson-cpu" not in readme and "two short CPU steps" not in readme
     assert "LABKIT_MODEL" in readme and "LABKIT_DATA" in readme
+
+
+def test_lesson_1_3_ends_by_releasing_what_its_kernel_holds():
+    lesson = cells("03_group_size.ipynb")
+    close = first_index(lesson, r"labkit\.close\(\)", "code")
+    assert close == len(lesson) - 1  # the last cell, after every launch
+    assert "checkpoints()" in text(lesson[close])
+    said = text(lesson[close - 1])
+    assert "runs/<name>/checkpoint/" in said and "Shut Down Kernel" in said
+
+
+def test_lesson_1_3_reads_the_reruns_over_the_windows_of_the_steps_launched():
+    lesson = cells("03_group_size.ipynb")
+    plot = first_index(lesson, r"reward_curve\(rerun_frame", "code")
+    assert "rise_windows(rerun_frame)" in text(lesson[plot])
+    said = text(lesson[plot + 1])
+    assert "stopped after step" in said and "At step 0 no update has happened yet" in said
+
+
+def test_lesson_1_2_says_the_recorded_rollout_was_stopped_by_hand():
+    lesson = cells("02_watchdog_replay.ipynb")
+    said = text(lesson[first_index(lesson, r"## What the policy would have done", "markdown")])
+    assert "The run above went on" not in said
+    assert "48 of" in said and "512 requests" in said and "stopped it by hand" in said
+
+
+def test_every_code_cell_of_the_lessons_was_run_and_saved_in_order():
+    """A lesson ships with every code cell executed, numbered 1, 2, ... in order: a cell
+    saved unexecuted leaves its table or figure out of the lesson (and out of nbval's check)."""
+    for path in sorted(NOTEBOOKS.glob("0*.ipynb")):
+        counts = [c["execution_count"] for c in cells(path.name) if c["cell_type"] == "code"]
+        assert counts == list(range(1, len(counts) + 1)), (path.name, counts)

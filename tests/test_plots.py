@@ -147,3 +147,24 @@ def test_save_figure_writes_png_and_svg(runs, tmp_path):
 def test_plot_all(runs, tmp_path):
     paths = plots.plot_all(runs, tmp_path)
     assert len(paths) == 8 and all(p.stat().st_size > 0 for p in paths)
+
+
+def test_a_stopped_run_is_marked_in_the_legend(tmp_path):
+    from test_gains import rerun_pair
+
+    fig = analysis.reward_curve(rerun_pair(tmp_path), early=(0, 3), late=(8, 11))
+    labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert "8 answers (1 run, seed 7; stopped after step 1)" in labels
+    assert "2 answers (1 run, seed 7)" in labels
+
+
+def test_one_cpu_runs_timing_plot_says_nothing_of_pauses_or_common_steps(tmp_path):
+    from fixtures_runs import write_run
+
+    run = write_run(tmp_path, "cpu-run", group_size=4, seed=1, rewards=[0.2] * 12,
+                    times=[10.0 + s for s in range(12)], clean=[True] * 12)
+    fig = plots.rollout_time_curve(run)
+    assert fig.texts[0].get_text() == "Rollout time per step"  # a CPU run reads no temperature
+    assert fig.axes[0].texts[0].get_text().endswith("median 15.5 s over its 12 steps")
+    labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert "step touched by a heat pause" not in labels and "median" in labels

@@ -200,3 +200,24 @@ def test_a_completed_run_closes_the_notebook_bar_as_done():
     progress.advance({"rollout/step": 0, "rollout/raw_reward": 0.5})
     progress.close("completed")
     assert bar.container.children[1].bar_style == "success"
+
+
+def test_a_stopped_bar_names_the_notebooks_way_to_resume_in_a_kernel(monkeypatch):
+    import sys
+    import types
+
+    import labkit.run.progress
+
+    assert not labkit.run.progress.in_notebook()  # pytest is not a kernel
+    ZMQInteractiveShell = type("ZMQInteractiveShell", (), {})
+    fake = types.SimpleNamespace(get_ipython=lambda: ZMQInteractiveShell())
+    monkeypatch.setitem(sys.modules, "IPython", fake)
+    assert labkit.run.progress.in_notebook()
+    bar = Bar()
+    bar.total = 3
+    progress = StepProgress(3, 0, bar=bar, refresh_s=None)
+    progress.advance({"rollout/step": 0, "rollout/raw_reward": 0.5})
+    progress.close("signal")
+    assert bar.postfixes[-1] == "stopped (signal) before step 1; resume=run.dir continues"
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: None))
+    assert not labkit.run.progress.in_notebook()  # IPython in a terminal

@@ -18,6 +18,7 @@ import pytest
 
 import labkit
 import labkit.analysis
+import labkit.course.live  # noqa: F401  (the rerun cell draws its live figure)
 import labkit.course.profiles as profiles
 from labkit.run.checkpoint import latest_checkpoint
 
@@ -42,16 +43,31 @@ def tiny_profile(tiny_cfg, monkeypatch):
     return Path(tiny_cfg.output_dir)
 
 
-def test_one_stop_ends_the_rerun_cell_and_the_cells_below_run(tiny_profile, capsys):
+def press_once_logged(monkeypatch, step: int) -> list:
+    """Send SIGINT (what ■ sends) once the first run has logged `step`, from the log's own
+    write: an event, not a poll that a fast run can outpace (the tiny model's 4 steps take
+    less than a poll's period once warm). Returns the list the press is recorded in."""
+    from labkit.run.log import RunLog
+
+    pressed, append = [], RunLog.append_step
+
+    def append_then_press(self, metrics):
+        append(self, metrics)
+        if not pressed and metrics["rollout/step"] == step:
+            pressed.append(self.dir.name)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(RunLog, "append_step", append_then_press)
+    return pressed
+
+
+def test_one_stop_ends_the_rerun_cell_and_the_cells_below_run(tiny_profile, capsys, monkeypatch):
     launch, rise, plot = lesson_cells("c08", "rerun-rise", "rerun-plot")
     assert "labkit.launch_many(" in launch and "resume=True" in launch
     namespace = {"labkit": labkit, "PROFILE": "cpu"}
-    first = profiles.rerun_configs("cpu")[0]
-    press = profiles.after_step(first, 0, os.kill, os.getpid(), signal.SIGINT)  # ■
-    press.start()
+    pressed = press_once_logged(monkeypatch, 0)  # ■, once: later steps log as they are
     run_cell(launch, namespace)  # returns normally: no KeyboardInterrupt
-    press.cancel()
-    assert press.called
+    assert pressed == ["rerun-cpu-n2"]
     said = capsys.readouterr().out
     assert "labkit: 2 runs: 1 stopped (rerun-cpu-n2); 1 not started (rerun-cpu-n4)" in said
     (stopped,) = namespace["reruns"]  # the run not started has no folder
@@ -62,6 +78,9 @@ def test_one_stop_ends_the_rerun_cell_and_the_cells_below_run(tiny_profile, caps
     run_cell(rise, namespace)  # the cells below read what finished
     run_cell(plot, namespace)
     assert namespace["rerun_frame"].run.unique().tolist() == ["rerun-cpu-n2"]
+    (row,) = namespace["rise"].itertuples()  # marked stopped, with no rise of its own few steps
+    assert row.status == "stopped after step 0" and row.rise != row.rise  # NaN
+    assert row.note == "no rise: it has step 0, the windows are steps 0-0 and 3-3"
 
     run_cell(launch, namespace)  # the cell again: the stopped run goes on, the other starts
     assert "labkit: 2 runs: 2 completed (rerun-cpu-n2, rerun-cpu-n4)" in capsys.readouterr().out

@@ -753,3 +753,46 @@ def test_the_share_of_right_answers_counts_the_full_rewards_only(tiny_cfg, tmp_p
     assert run.metrics["rollout/right_frac"].tolist() == pytest.approx(right.tolist())
     assert run.metrics["rollout/raw_reward"].tolist() == pytest.approx(
         samples.groupby(STEP)["reward"].mean().tolist())
+
+
+class StopAfterFirstStep:
+    """A StopController that asks the run to stop once its first step has run, as ■ would."""
+
+    def __new__(cls):
+        from labkit.run.stopping import StopController
+
+        class After(StopController):
+            checks = 0
+
+            def should_stop(self):
+                self.checks += 1
+                if self.checks == 2:  # checked before step 0, then before step 1
+                    self.request_stop("SIGINT", kind="signal")
+                return super().should_stop()
+
+        return After(None)
+
+
+@pytest.mark.parametrize("notebook", [False, True])
+def test_the_stop_line_says_the_checkpoint_kept_its_size_and_how_to_resume(
+        tiny_cfg, capsys, monkeypatch, notebook):
+    import labkit.run.progress
+
+    monkeypatch.setattr(labkit.run.progress, "in_notebook", lambda: notebook)
+    run = train(tiny_cfg.replace(num_rollout=3), stopper=StopAfterFirstStep())
+    assert run.status["reason"] == "signal" and run.status["last_step"] == 0
+    lines = capsys.readouterr().out.splitlines()
+    stop = next(i for i, line in enumerate(lines) if "run stopped (signal: SIGINT) after step 0" in line)
+    kept = lines[stop + 1]
+    size = sum(f.stat().st_size for f in (run.dir / "checkpoint").rglob("*") if f.is_file())
+    assert kept.startswith(f"labkit: checkpoint after step 0 kept in {run.dir / 'checkpoint'} (")
+    number, unit = re.search(r"\(([\d.]+) (kB|MB|GB)\)", kept).groups()
+    assert float(number) * {"kB": 1e3, "MB": 1e6, "GB": 1e9}[unit] == pytest.approx(size, rel=0.1)
+    how = (f"labkit.launch(cfg, resume={str(run.dir)!r})" if notebook
+           else f"labkit launch --resume {run.dir}")
+    assert f"): {how} continues the run; delete that folder to free the space" in kept
+
+
+def test_a_completed_run_says_no_checkpoint(tiny_cfg, capsys):
+    train(tiny_cfg)
+    assert "checkpoint after step" not in capsys.readouterr().out

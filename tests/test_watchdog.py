@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -212,3 +213,20 @@ def test_a_file_that_is_not_a_client_log_is_refused_in_one_line(tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"labkit replay: {png}: not a client log") and "\n" not in err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_stall_the_log_ends_in_says_where_the_recording_stops(tmp_path):
+    events = [{"t": 0.0, "event": "meta", "ended": "stopped by hand"},
+              {"t": 0.0, "event": "step_start", "step": 0, "requests": 8, "open_limit": 8},
+              done(1.0), done(2.0), fail(150.0, "a"), fail(190.0, "b")]
+    result = replay(write(tmp_path / "cut.jsonl", [json.dumps(e) for e in events]))
+    assert np.isnan(result.stalls.end_s.iat[0])
+    assert result.summary["open_step"] == 0 and result.summary["requests"] == 8
+    assert ("  the stall from 2.0 s has no end: the recording stops at 190.0 s, in step 0 "
+            "(2 of 8 requests answered; stopped by hand)") in result.report().splitlines()
+
+
+def test_the_recorded_incidents_last_stall_ends_with_the_recording():
+    result = replay(INCIDENTS / "vllm-cpu-2x-512open.jsonl")
+    assert ("no end: the recording stops at 301.2 s, in step 0 (48 of 512 requests answered; "
+            "stopped by hand with SIGTERM)") in result.report()

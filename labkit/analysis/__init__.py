@@ -5,8 +5,8 @@ the costs, the table and the plots). The work lives in one module per idea; this
 face re-exports it:
 
 * labkit.analysis.runframe: `load_runs`, run folders and miles logs as one tidy frame (one row per
-  run and step), with the heat columns that say which steps are clean; constructed (made-up)
-  runs only when asked;
+  run and step), with the heat columns that say which steps are clean, and how each run ended
+  (`status_text`: "stopped after step 1"); constructed (made-up) runs only when asked;
 * labkit.analysis.gains: `run_gains`, `group_gains`, the bootstrap interval and `inside_one_range`
   (is every gain inside the seed spread of the reference group size?), and
   `refuse_mixed_settings` (runs of one group size must be seeds of one setting);
@@ -36,6 +36,7 @@ from labkit.analysis.gains import (
                                    reward_at_ends,
                                    reward_parts,
                                    reward_rise,
+                                   rise_windows,
                                    run_gains,
                                    window_rewards,
 )
@@ -68,24 +69,26 @@ from labkit.analysis.runframe import (
                                    as_runs,
                                    find_sources,
                                    is_constructed,
+                                   is_stopped,
                                    load_runs,
                                    metric_values,
+                                   status_text,
                                    steps_text,
                                    with_steps,
 )
-from labkit.analysis.table import check_comparable, compare, drop_unfinished, render_table
 from labkit.run.metrics import STEP
 
 __all__ = [
     # loading (labkit.analysis.runframe)
-    "load_runs", "with_steps", "find_sources", "as_runs", "metric_values", "AnalysisError", "Runs", "PathLike", "steps_text",
-    "is_constructed", "CONSTRUCTED",
+    "load_runs", "with_steps", "find_sources", "as_runs", "metric_values", "AnalysisError", "Runs",
+    "PathLike", "steps_text",
+    "is_constructed", "CONSTRUCTED", "is_stopped", "status_text",
     "STEP", "REWARD", "RIGHT", "ROLLOUT_TIME", "TOKENS", "RESPONSE_LEN", "ZERO_STD", "HEAT_CLEAN",
     "CONFIG_COLUMNS", "METRIC_FALLBACK", "MILES_LOG", "MILES_INFO",
     # the gain (labkit.analysis.gains)
     "run_gains", "group_gains", "window_rewards", "bootstrap_gain", "inside_one_range", "Verdict",
     "EARLY", "LATE", "REFERENCE", "SETTINGS", "refuse_mixed_settings",
-    "reward_at_ends", "reward_parts", "end_windows", "reward_rise",
+    "reward_at_ends", "reward_parts", "end_windows", "reward_rise", "rise_windows",
     # held-out accuracy (labkit.analysis.heldout)
     "heldout_gains", "group_heldout", "heldout_verdict", "read_evaluations",
     # the cost (labkit.analysis.costs)

@@ -23,7 +23,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from labkit.analysis.runframe import REWARD, RIGHT, AnalysisError, Runs, as_runs, is_constructed, steps_text
+from labkit.analysis.runframe import (
+    REWARD,
+    RIGHT,
+    AnalysisError,
+    Runs,
+    as_runs,
+    is_constructed,
+    status_text,
+    steps_text,
+)
 from labkit.run.metrics import STEP
 
 EARLY = (0, 7)  # the course's windows: steps 0-7 and 16-23 of a 24-step run
@@ -133,12 +142,22 @@ def reward_parts(metrics: pd.DataFrame) -> pd.DataFrame:
                             f"be taken apart")
     rows = {}
     for name, part in (("first", scored.iloc[:k]), ("last", scored.iloc[-k:])):
-        steps = part[STEP].astype(int)
         reward, right = float(part[REWARD].mean()), float(part[RIGHT].mean())
-        rows[f"{name} {k} steps ({steps.iat[0]}-{steps.iat[-1]})"] = {
+        steps = part[STEP].astype(int)
+        label = (f"{name} step ({steps.iat[0]})" if k == 1
+                 else f"{name} {k} steps ({steps.iat[0]}-{steps.iat[-1]})")
+        rows[label] = {
             "mean reward": reward, "answers right": right,
             "format credit": max(reward - right, 0.0)}
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def _steps_words(steps: pd.Series) -> str:
+    """'step 0', '2 steps (0-1)', '4 steps (8-11)': a run of step numbers, in words."""
+    steps = steps.astype(int)
+    if len(steps) == 1:
+        return f"step {steps.iat[0]}"
+    return f"{len(steps)} steps ({steps.min()}-{steps.max()})"
 
 
 def end_windows(metrics: pd.DataFrame) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -157,34 +176,74 @@ def _thirds(metrics: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return scored, max(1, len(scored) // 3)
 
 
+def rise_windows(runs: Runs) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The (first, last) windows reward_rise compares for `runs`: the first and the last third
+    of the steps the runs were launched for (their longest --num-rollout, planned_steps; or
+    the most steps one logged, when that is more or not known). A run stopped early is
+    read over the same steps as a complete one, never over thirds of its own few steps.
+    Pass them to reward_curve's `early` and `late` to shade what the table compares."""
+    runs = as_runs(runs)
+    logged = int(runs[STEP].max()) + 1
+    planned = pd.to_numeric(runs["planned_steps"], errors="coerce").max() \
+        if "planned_steps" in runs else float("nan")
+    n = max(logged, int(planned)) if pd.notna(planned) else logged
+    k = max(1, n // 3)
+    return (0, k - 1), (n - k, n - 1)
+
+
 def reward_rise(runs: Runs) -> pd.DataFrame:
     """How far and how fast each run's reward rose, for runs too short for the course's
-    windows (a CPU run of a dozen steps): one row per run with run, group_size, seed,
-    steps, minutes (the steps' own time, perf/step_time summed), start and end (mean reward
-    of the first and of the last third of its steps), rise (end - start), rise_per_step
-    (over the steps between the two thirds' middles), rise_per_minute, and all_equal (the
-    mean share of groups whose answers all got one reward: they teach nothing), and
-    right_rise (how far the share of answers right rose between the same thirds: the part
-    of the rise that is right answers, not format credit; NaN for a run that does not log
-    it)."""
+    windows (a CPU run of a dozen steps). Every run is read over the same two windows,
+    rise_windows: the first and last third of the steps the runs were launched for.
+
+    One row per run: run, group_size, seed, status (status_text: "completed", "stopped
+    after step 1", ...), steps (logged), minutes (the steps' own time, perf/step_time
+    summed), start and end (mean reward of the early and of the late window), rise (end -
+    start), rise_per_step (over the steps between the two windows' middles),
+    rise_per_minute, all_equal (the mean share of groups whose answers all got one reward:
+    they teach nothing), right_rise (how far the share of answers right rose between the
+    windows: the part of the rise that is right answers, not format credit; NaN for a run
+    that does not log it), and note. A run without a reward for every step of a window (it
+    stopped before the late window) has no start or end there and no rise (NaN), and its
+    note says why; a rise from fewer steps would not be the same measure.
+    """
+    runs = as_runs(runs)
+    early, late = rise_windows(runs)
+    n, k = late[1] + 1, early[1] - early[0] + 1
     rows = []
-    for name, run in as_runs(runs).groupby("run", sort=False):
-        start, end, _ = reward_at_ends(run)
-        try:
-            right = reward_parts(run)["answers right"]
-            right_rise = float(right.iat[1] - right.iat[0])
-        except AnalysisError:
-            right_rise = float("nan")
+    for name, run in runs.groupby("run", sort=False):
+        means = {}
+        for key, window in (("start", early), ("end", late)):
+            try:
+                means[key] = float(window_rewards(run, window).mean())
+            except AnalysisError:
+                means[key] = float("nan")
+        rise = means["end"] - means["start"]
+        short = np.isnan(rise)
+        note = (f"no rise: it has {_steps_words(run[STEP])}, the windows are steps "
+                f"{early[0]}-{early[1]} and {late[0]}-{late[1]}" if short else "")
         minutes = float(pd.to_numeric(run.get("perf/step_time"), errors="coerce").sum()) / 60
-        steps = len(run)
         rows.append(dict(run=name, group_size=int(run.group_size.iat[0]), seed=run.seed.iat[0],
-                         steps=steps, minutes=minutes, start=start, end=end, rise=end - start,
-                         rise_per_step=(end - start) / max(steps - steps // 3, 1),
-                         rise_per_minute=(end - start) / minutes if minutes else float("nan"),
+                         status=status_text(run), steps=len(run), minutes=minutes,
+                         start=means["start"], end=means["end"], rise=rise,
+                         rise_per_step=rise / max(n - k, 1),
+                         rise_per_minute=rise / minutes if minutes else float("nan"),
                          all_equal=float(pd.to_numeric(run.get("rollout/zero_std/frac_groups"),
                                                        errors="coerce").mean()),
-                         right_rise=right_rise))
+                         right_rise=_right_rise(run, early, late), note=note))
     return pd.DataFrame(rows)
+
+
+def _right_rise(run: pd.DataFrame, early, late) -> float:
+    """How far the share of answers right rose from window `early` to `late`; NaN when the
+    run does not log it for every step of both."""
+    if RIGHT not in run:
+        return float("nan")
+    right = run.set_index(STEP)[RIGHT].astype(float)
+    parts = [right.reindex(range(a, b + 1)) for a, b in (early, late)]
+    if any(p.isna().any() for p in parts):
+        return float("nan")
+    return float(parts[1].mean() - parts[0].mean())
 
 
 def check_window(window: tuple[int, int], name: str) -> tuple[int, int]:

@@ -51,7 +51,9 @@ from labkit.analysis.runframe import (  # noqa: E402
     Runs,
     as_runs,
     is_constructed,
+    is_stopped,
     metric_values,
+    status_text,
 )
 from labkit.run.metrics import STEP  # noqa: E402
 
@@ -125,16 +127,20 @@ def _draw_by_group(ax, runs: pd.DataFrame, column: str, by: str = "group_size") 
         if wide.shape[1] == 0:
             continue
         color, name = colors[g], _group_label(by, g)
+        stopped = [status_text(run) for _, run in group.groupby("run", sort=False)
+                   if run.run.iat[0] in wide.columns and is_stopped(run)]
         if wide.shape[1] == 1:
             seed = group.seed.iat[0]
+            ended = f"; {stopped[0]}" if stopped else ""
             ax.plot(wide.index, wide.iloc[:, 0], color=color, lw=1.8, marker="o", ms=3,
-                    label=f"{name} (1 run, seed {seed})")
+                    label=f"{name} (1 run, seed {seed}{ended})")
             continue
         shared = wide.dropna()
+        ended = f" ({len(stopped)} stopped)" if stopped else ""
         ax.fill_between(shared.index, shared.min(axis=1), shared.max(axis=1), color=color,
-                        alpha=0.22, lw=0, label=f"{name}: min-max of {wide.shape[1]} seeds")
+                        alpha=0.22, lw=0, label=f"{name}: min-max of {wide.shape[1]} seeds{ended}")
         ax.plot(shared.index, shared.mean(axis=1), color=color, lw=1.8, marker="o", ms=3,
-                label=f"{name}: mean of {wide.shape[1]} seeds")
+                label=f"{name}: mean of {wide.shape[1]} seeds{ended}")
         tails = [wide[run][~wide.index.isin(shared.index)].dropna() for run in wide.columns]
         for i, tail in enumerate(t for t in tails if len(t)):  # steps only some seeds have
             ax.plot(tail.index, tail, color=color, lw=0.9, alpha=0.7, ls="--",
@@ -230,25 +236,45 @@ def rollout_time_curve(runs: Runs, *, last_step: int | None = LATE[1]) -> Figure
     fig, axes = _figure(len(names), height=1.4 + 1.6 * len(names), sharey=True)
     colors = _colors(runs)
     for ax, name in zip(axes, names):
-        _draw_time_panel(ax, runs[runs.run == name], costs.loc[name], common, colors)
+        _draw_time_panel(ax, runs[runs.run == name], costs.loc[name], common, colors,
+                         alone=len(names) == 1)
     top = pd.to_numeric(runs.get(ROLLOUT_TIME, pd.Series(dtype=float)), errors="coerce").max()
     axes[0].set_ylim(0, 1.45 * top if top > 0 else 1.0)  # room for each panel's label
     _step_axis(axes[-1], runs)  # the panels share their x axis
     axes[-1].set_xlabel(STEP_LABEL)
-    fig.legend(handles=[Patch(color=PAUSE_COLOR, alpha=0.3, label="step touched by a heat pause"),
-                        Line2D([], [], color="0.3", marker="o", ls="", label="step used in the median"),
-                        Line2D([], [], color="0.3", marker="o", mfc="white", ls="",
-                               label="step not used"),
-                        Line2D([], [], color="0.3", ls="--", label="median")],
-               loc="outside lower center", ncol=4, fontsize=8, frameon=False)
-    _title(fig, axes[0], "Rollout time per step, steps touched by a heat pause shaded", runs)
+    paused = bool(_paused_steps(runs).any())
+    handles = [Line2D([], [], color="0.3", marker="o", ls="", label="step used in the median"),
+               Line2D([], [], color="0.3", marker="o", mfc="white", ls="", label="step not used"),
+               Line2D([], [], color="0.3", ls="--", label="median")]
+    if paused:
+        handles.insert(0, Patch(color=PAUSE_COLOR, alpha=0.3, label="step touched by a heat pause"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
+    _title(fig, axes[0], _time_title(runs, paused), runs)
     return fig
 
 
+def _paused_steps(runs: pd.DataFrame) -> pd.Series:
+    """Per row: a heat pause touched the step (heat/clean false, or heat.jsonl has a pause)."""
+    return ~runs["clean"].astype(bool) | (runs["heat_pause_s"] > 0)
+
+
+def _time_title(runs: pd.DataFrame, paused: bool) -> str:
+    """The timing figure's title: the heat pauses only where there could be some. A run whose
+    guard read no temperature (a CPU run: no GPU) cannot pause, so its title does not say
+    pause."""
+    if paused:
+        return "Rollout time per step, steps touched by a heat pause shaded"
+    read = "heat/max_temp_c" in runs and pd.to_numeric(runs["heat/max_temp_c"],
+                                                       errors="coerce").notna().any()
+    return ("Rollout time per step: no step was touched by a heat pause" if read
+            else "Rollout time per step")
+
+
 def _draw_time_panel(ax, run: pd.DataFrame, cost: pd.Series, common: list[int],
-                     colors: dict[int, str]) -> None:
-    """One run's rollout time per step, its paused steps shaded, its median dashed."""
-    paused = run.loc[~run["clean"].astype(bool) | (run["heat_pause_s"] > 0), STEP]
+                     colors: dict[int, str], alone: bool = False) -> None:
+    """One run's rollout time per step, its paused steps shaded, its median dashed. `alone`:
+    the figure's only run (its median is over its own clean steps: no others to share)."""
+    paused = run.loc[_paused_steps(run), STEP]
     for a, b in _spans(paused):
         ax.axvspan(a - 0.5, b + 0.5, color=PAUSE_COLOR, alpha=0.13, lw=0, zorder=0)
     time = metric_values(run, ROLLOUT_TIME)
@@ -261,15 +287,21 @@ def _draw_time_panel(ax, run: pd.DataFrame, cost: pd.Series, common: list[int],
         ax.plot(run[STEP][~used], time[~used], "o", ms=3.5, mfc="white", mec=color)
         ax.plot(run[STEP][used], time[used], "o", ms=3.5, color=color)
         ax.axhline(cost.time_s, color=color, ls="--", lw=1)
-    ax.text(0.01, 0.95, _panel_text(run.run.iat[0], cost, len(common)), transform=ax.transAxes,
-            va="top", fontsize=8, bbox=dict(fc="white", ec="none", alpha=0.8))
+    ax.text(0.01, 0.95, _panel_text(run.run.iat[0], cost, len(common), alone=alone),
+            transform=ax.transAxes, va="top", fontsize=8,
+            bbox=dict(fc="white", ec="none", alpha=0.8))
     ax.set_ylabel("rollout time (s)")
 
 
-def _panel_text(name: str, cost: pd.Series, n_common: int) -> str:
+def _panel_text(name: str, cost: pd.Series, n_common: int, *, alone: bool = False) -> str:
     head = f"{name}: {cost.group_size} answers, seed {cost.seed}"
     if is_constructed(name):
         head = f"CONSTRUCTED (made up) {head}"
+    if cost.basis == "common clean steps" and alone:
+        if cost.clean_steps == cost.steps:
+            return f"{head}\nmedian {cost.time_s:.1f} s over its {cost.steps} steps"
+        return (f"{head}\nmedian {cost.time_s:.1f} s on its {cost.clean_steps} clean steps "
+                f"(of {cost.steps})")
     if cost.basis == "common clean steps":
         return f"{head}\nmedian {cost.time_s:.1f} s on the {n_common} common clean steps"
     if cost.basis == "own clean steps":

@@ -24,7 +24,6 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Union
 
 import numpy as np
 import pandas as pd
@@ -53,13 +52,18 @@ CONFIG_COLUMNS = {
     "model": "model",
     "engine": "engine",
     "lr": "lr",
+    "planned_steps": "num_rollout",  # the steps it was launched for (a stopped run has fewer)
 }
 # per-step metrics that stand in when a config lacks the field
 METRIC_FALLBACK = {"group_size": "rollout/n_samples_per_prompt", "prompts": "rollout/n_prompts"}
 CONSTRUCTED = "constructed"  # in a run's name: made up, not measured
+# status.json reasons of a run that ended before its last step (labkit.lifecycle), and the
+# words said after "stopped after step N"; "error" is said as "failed after step N"
+STOPPED = {"signal": "", "interrupted": "", "requested": "", "time_limit": " (time limit)",
+           "error": ""}
 
-PathLike = Union[str, os.PathLike]
-Runs = Union[pd.DataFrame, PathLike, Sequence[PathLike]]
+PathLike = str | os.PathLike
+Runs = pd.DataFrame | PathLike | Sequence[PathLike]
 
 
 class AnalysisError(LabkitError, ValueError):
@@ -82,8 +86,9 @@ def load_runs(paths: PathLike | Sequence[PathLike], *, constructed: bool = False
     skipped with a warning, and so is a copy of a run folder already read (the same config
     and first step line): a copied run is one run, not two seeds. Constructed runs (made up;
     their name says "constructed") are left out with a line on stderr, unless `constructed`.
-    Columns: ``run, group_size, prompts, global_batch, seed, model, engine, lr, source, path,
-    status``, the step key ``rollout/step``, every logged metric, and ``heat_pause_s`` (seconds
+    Columns: ``run, group_size, prompts, global_batch, seed, model, engine, lr, planned_steps
+    (the config's --num-rollout), source, path, status`` (status.json's reason: see
+    `status_text`), the step key ``rollout/step``, every logged metric, and ``heat_pause_s`` (seconds
     of heat.jsonl pauses inside the step), ``clean`` (no pause touched the rollout),
     ``heat_guard`` (the run logged heat/clean). Rows are sorted by group size, run, step.
     """
@@ -338,7 +343,7 @@ def _tidy(steps: pd.DataFrame, config: dict, *, name: str, path: Path, source: s
             f"config.json, or train_args.txt beside a miles log) and no "
             f"{METRIC_FALLBACK['group_size']} per step"
         )
-    for col in ("group_size", "prompts", "global_batch", "seed"):
+    for col in ("group_size", "prompts", "global_batch", "seed", "planned_steps"):
         head[col] = None if head[col] is None else int(head[col])
     head.update(source=source, path=str(path), status=status)
     front = pd.DataFrame({k: [v] * len(steps) for k, v in head.items()})
@@ -388,6 +393,35 @@ def as_runs(runs: Runs) -> pd.DataFrame:
             raise AnalysisError("the runs frame is empty; load_runs(paths) found no step")
         return runs
     return load_runs(runs)
+
+
+def is_stopped(run: pd.DataFrame) -> bool:
+    """True for one run's rows when the run ended before its last step: its status.json says
+    it was stopped (a signal, the ■ button, its time limit) or failed, and it logged fewer
+    steps than it was launched for (planned_steps, when known: a stop after the last step,
+    in the final evaluation, leaves every step there). A run still going, or a miles log,
+    has no status, and is not called stopped."""
+    if "status" not in run or run["status"].iat[0] not in STOPPED:
+        return False
+    planned = run["planned_steps"].iat[0] if "planned_steps" in run else None
+    return planned is None or pd.isna(planned) or int(run[STEP].max()) + 1 < int(planned)
+
+
+def status_text(run: pd.DataFrame) -> str:
+    """How one run's rows ended, in words: "completed", "stopped after step 1", "stopped after
+    step 6 (time limit)", "failed after step 21", or "no status after step 3" (a run still
+    going, one killed before it could write its status, a miles log). The step is the last
+    one logged."""
+    reason = run["status"].iat[0] if "status" in run else None
+    last = int(run[STEP].max())
+    if reason == "completed":
+        return "completed"
+    if reason == "error":
+        return f"failed after step {last}"
+    if reason in STOPPED:
+        return f"stopped after step {last}{STOPPED[reason]}"
+    return f"no status after step {last}" if reason is None or pd.isna(reason) else \
+        f"{reason} after step {last}"
 
 
 def metric_values(run: pd.DataFrame, column: str) -> pd.Series:

@@ -1,10 +1,12 @@
 """Exercises: grade a lesson's answers in its check cells.
 
-A lesson's exercise is a code cell whose answer sits between two marker lines::
+A lesson's exercise is a code cell whose answer sits between two marker lines, inside
+`answer(id)`::
 
-    ### BEGIN SOLUTION
-    global_batch_16 = recipe.rollout_batch_size * 16
-    ### END SOLUTION
+    with labkit.course.exercises.answer("1.1.2"):
+        ### BEGIN SOLUTION
+        global_batch_16 = recipe.rollout_batch_size * 16
+        ### END SOLUTION
 
 followed by a check cell, `labkit.course.exercises.check("1.1.2", global_batch_16, prompts=32)`.
 `check` never stores an answer: it computes the expected one from what the cell hands it
@@ -18,11 +20,16 @@ is wrong with it and the nudge again; only a later, different wrong answer gets 
 counted per exercise in the kernel (`forget_tries` starts over), so running a check cell
 again with the same answer does not give the code away either.
 
-A check cell never stops the notebook: in JupyterLab it prints its line, so Run All goes
-on to the cells below. Grading is the one place where a check raises: when
-$LABKIT_GRADING is set (notebooks/conftest.py sets it for `pytest --nbval-lax`, and the
-kernels nbval starts inherit it), a wrong or missing answer raises ExerciseError, which
-fails the cell, so an unsolved exercise fails the lesson.
+Neither cell stops the notebook. A check cell prints its line. An answer that raises (a
+typo in a name, a wrong column) is caught by `answer`: it prints the error in one line, and
+the answer's name then holds that error, which the check cell reports; so *Run All* goes on
+to the cells below and keeps their outputs (JupyterLab clears the outputs of every cell it
+queues, and an error would leave them empty). Only a syntax error stops Run All: Python
+cannot run any of the cell then, the `with` included. Grading is the one place where the
+cells raise: when $LABKIT_GRADING is set (notebooks/conftest.py sets it for `pytest
+--nbval-lax`, and the kernels nbval starts inherit it), an answer's own error is raised as
+it is, and a wrong or missing answer raises ExerciseError, which fails the cell, so an
+unsolved exercise fails the lesson.
 
 The students' copies of the lessons, with the solutions taken out, are written by
 `labkit.course.students`.
@@ -33,10 +40,11 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
@@ -54,9 +62,15 @@ class _Wrong(Exception):
     """Raised by a grader with what is wrong with this answer."""
 
 
+class GivenError(ValueError):
+    """What a check cell hands a grader cannot tell a right answer from a wrong one (the
+    lesson's mistake, not the student's): raised as it is, whatever the answer."""
+
+
 @dataclass(frozen=True)
 class Exercise:
-    """One exercise: its id ("1.1.1": lesson 1.1, exercise 1), the task, a nudge, a hint, a grader.
+    """One exercise: its id ("1.1.1": lesson 1.1, exercise 1), the task, a nudge, a hint, a
+    grader, and the name the lesson's answer cell assigns (`answer`).
 
     The nudge says where to look (shown while the exercise is unanswered); the hint shows the
     code (shown after a wrong answer). `grade(answer, **given)` returns when `answer` is right
@@ -68,6 +82,7 @@ class Exercise:
     nudge: str
     hint: str
     grade: Callable[..., None]
+    answer: str = ""
 
 
 EXERCISES: dict[str, Exercise] = {}
@@ -75,15 +90,65 @@ HINT_AFTER = 2  # the hint (the code) comes with the second different wrong answ
 _tries: dict[str, set[str]] = {}  # exercise id -> the wrong answers seen in this kernel
 
 
-def exercise(id: str, task: str, *, nudge: str, hint: str):
-    """Register the decorated grader as exercise `id`."""
+def exercise(id: str, task: str, *, nudge: str, hint: str, answer: str):
+    """Register the decorated grader as exercise `id`, whose answer cell assigns `answer`."""
     def register(grade: Callable[..., None]) -> Callable[..., None]:
-        EXERCISES[id] = Exercise(id, task, nudge, hint, grade)
+        EXERCISES[id] = Exercise(id, task, nudge, hint, grade, answer)
         return grade
     return register
 
 
-def grading(env: Optional[dict] = None) -> bool:
+@dataclass(frozen=True)
+class Raised:
+    """What an exercise's answer name holds after its answer cell raised: the error, in one
+    line (`answer` puts it there, so the check cell below reports it instead of stopping on
+    a name the cell never assigned)."""
+
+    id: str
+    error: str
+
+    def __repr__(self) -> str:
+        return f"<the answer to exercise {self.id} raised {self.error}>"
+
+
+class answer:
+    """`with labkit.course.exercises.answer("1.2.1"):` around an answer cell's code: an error
+    in it (an Exception) prints one line, "Exercise 1.2.1: your answer raised NameError: ...
+    (line 3 of this cell)", and the cell ends without raising, so Run All goes on. The
+    exercise's answer name (Exercise.answer) is set to a Raised in the cell's namespace, so
+    the check cell says what went wrong rather than reading an older answer or stopping on
+    an unassigned name. When grading, the error is raised as it is, and fails the cell.
+    Raises KeyError for an unknown exercise id."""
+
+    def __init__(self, id: str):
+        _known(id)
+        self.id = id
+
+    def __enter__(self) -> answer:
+        return self
+
+    def __exit__(self, kind, error, tb) -> bool:
+        if error is None or not isinstance(error, Exception) or grading():
+            return False  # KeyboardInterrupt (the ■ button) and grading go on as they are
+        said = " ".join(str(error).split())  # one line, however the error wrote it
+        said = said if len(said) <= 300 else said[:297] + "..."
+        what = f"{type(error).__name__}: {said}" if said else type(error).__name__
+        where = f" (line {tb.tb_lineno} of this cell)" if tb is not None else ""
+        print(_lines(f"Exercise {self.id}: your answer raised {what}{where}.",
+                     "Fix it, then run this cell and the check cell below again."))
+        name, cell = EXERCISES[self.id].answer, sys._getframe(1)
+        if name and cell.f_locals is cell.f_globals:  # a cell's top level (not in a function)
+            cell.f_globals[name] = Raised(self.id, what)
+        return True
+
+
+def _known(id: str) -> Exercise:
+    if id not in EXERCISES:
+        raise KeyError(f"no exercise {id!r}; known: {', '.join(EXERCISES)}")
+    return EXERCISES[id]
+
+
+def grading(env: dict | None = None) -> bool:
     """True when a wrong answer must raise: $LABKIT_GRADING is set to anything but "" or "0"."""
     value = (os.environ if env is None else env).get(GRADING_ENV, "")
     return value.strip() not in ("", "0")
@@ -93,16 +158,20 @@ def verdict(id: str, answer: Any, **given) -> tuple[bool, str]:
     """(right, what a check cell shows) for `answer` to exercise `id`: the verdict on the first
     line, then the nudge (unanswered, or a first wrong answer) or the hint with the code (from
     the HINT_AFTER-th different wrong answer on). Never raises for an answer, whatever it is;
-    raises KeyError for an unknown exercise id."""
-    if id not in EXERCISES:
-        raise KeyError(f"no exercise {id!r}; known: {', '.join(EXERCISES)}")
-    ex = EXERCISES[id]
+    raises KeyError for an unknown exercise id, and GivenError when what the check cell
+    hands cannot tell a right answer from a wrong one."""
+    ex = _known(id)
+    if isinstance(answer, Raised):  # not a wrong try: the answer never came to be
+        return False, _lines(f"Exercise {id}: not yet. Your answer cell raised {answer.error}.",
+                             "Fix it there, then run both cells again.")
     if answer is None or answer is Ellipsis:
         return False, _lines(f"Exercise {id}: not answered yet.",
                              "Replace the None in the cell above with your answer, then run "
                              "both cells again.", f"Where to start: {ex.nudge}")
     try:
         ex.grade(answer, **given)
+    except GivenError:
+        raise
     except _Wrong as wrong:
         why = str(wrong)
     except Exception as e:  # an answer of a shape the grader did not foresee
@@ -118,7 +187,7 @@ def verdict(id: str, answer: Any, **given) -> tuple[bool, str]:
                          "answer this cell shows a hint with the code.")
 
 
-def forget_tries(id: Optional[str] = None) -> None:
+def forget_tries(id: str | None = None) -> None:
     """Forget the wrong answers seen so far (of exercise `id`, or of all): the next wrong
     answer gets the nudge again, not the code."""
     if id is None:
@@ -197,7 +266,8 @@ def _metrics(run) -> Any:
           nudge="a group teaches nothing when every answer in it got the same reward. "
                 "compute_advantages finds those groups for you: look at what it returns.",
           hint="compute_advantages(rewards_b).zero_std is True for those groups, and .sum() "
-               "counts them. All-0 and all-1 groups both teach nothing.")
+               "counts them. All-0 and all-1 groups both teach nothing.",
+          answer="no_signal")
 def _grade_no_signal(answer, *, rewards) -> None:
     from labkit.grpo import compute_advantages
 
@@ -218,7 +288,8 @@ def _grade_no_signal(answer, *, rewards) -> None:
 @exercise("1.1.2", "Set global_batch_16 to the --global-batch-size that gives exactly one "
           "optimizer step per rollout for 16 answers per prompt at the recipe's prompts.",
           nudge="the global batch counts every answer of a rollout.",
-          hint="prompts x answers per prompt: recipe.rollout_batch_size * 16.")
+          hint="prompts x answers per prompt: recipe.rollout_batch_size * 16.",
+          answer="global_batch_16")
 def _grade_global_batch(answer, *, prompts: int = 32, answers: int = 16) -> None:
     from labkit.config import ConfigError, RunConfig
 
@@ -242,7 +313,8 @@ def _grade_global_batch(answer, *, prompts: int = 32, answers: int = 16) -> None
           "the sum of perf/rollout_time over all steps divided by the sum of perf/step_time.",
           nudge="both columns are in run.metrics; add each one up over the steps, then divide.",
           hint="run.metrics['perf/rollout_time'].sum() / run.metrics['perf/step_time'].sum(), "
-               "a number between 0 and 1.")
+               "a number between 0 and 1.",
+          answer="rollout_share")
 def _grade_rollout_share(answer, *, run) -> None:
     m = _metrics(run)
     share = _number(answer, "the share")
@@ -266,7 +338,8 @@ def _grade_rollout_share(answer, *, run) -> None:
           nudge="a wait comes after each failed attempt, and `policy` can tell you the longest "
                 "wait after attempt k (see the table above).",
           hint="the waits come after failed attempts 1, 2, 3 and 4: "
-               "sum(policy.ceiling(k) for k in range(1, 5)).")
+               "sum(policy.ceiling(k) for k in range(1, 5)).",
+          answer="waited")
 def _grade_waited(answer, *, policy) -> None:
     waited = _number(answer, "the total wait in seconds")
     waits = [policy.ceiling(k) for k in range(1, 6)]
@@ -285,7 +358,8 @@ def _grade_waited(answer, *, policy) -> None:
           "when a gap longer than GAP seconds (not the default 5 s) ends a burst.",
           nudge="replay the incident again with the gap as an argument; its burst table has one "
                 "row per burst.",
-          hint="len(replay(INCIDENT, burst_gap=GAP).bursts).")
+          hint="len(replay(INCIDENT, burst_gap=GAP).bursts).",
+          answer="n_bursts")
 def _grade_bursts(answer, *, log, gap: float) -> None:
     from labkit.serving.replay import replay
 
@@ -308,7 +382,8 @@ def _grade_bursts(answer, *, log, gap: float) -> None:
           nudge="a replay under that policy lists what the watchdog decided, one row per "
                 "decision; you made one above.",
           hint="lowering.decisions has an `action` column; count its 'lower' rows: "
-               "(lowering.decisions.action == 'lower').sum().")
+               "(lowering.decisions.action == 'lower').sum().",
+          answer="lowered")
 def _grade_lowered(answer, *, log) -> None:
     from labkit.serving.replay import replay
     from labkit.serving.watchdog import Policy
@@ -332,7 +407,8 @@ def _grade_lowered(answer, *, log) -> None:
           nudge="two flags, written as on a command line: --n-samples-per-prompt and "
                 "--global-batch-size.",
           hint="the global batch is prompts x answers, 32 x 16: "
-               "\"--n-samples-per-prompt 16 --global-batch-size 512\".")
+               "\"--n-samples-per-prompt 16 --global-batch-size 512\".",
+          answer="extra_args_16")
 def _grade_extra_args(answer, *, prompts: int = 32) -> None:
     from labkit.config import ConfigError, config_from_args
 
@@ -356,7 +432,8 @@ def _grade_extra_args(answer, *, prompts: int = 32) -> None:
           nudge="take run RUN's rows of `finished`, index them by step, and average "
                 "rollout/raw_reward over each window (both ends included).",
           hint="reward = finished[finished.run == RUN].set_index(STEP)[REWARD], then "
-               "reward.loc[16:23].mean() - reward.loc[0:7].mean().")
+               "reward.loc[16:23].mean() - reward.loc[0:7].mean().",
+          answer="gain")
 def _grade_gain(answer, *, runs, run: str) -> None:
     import numpy as np
 
@@ -396,7 +473,8 @@ def _grade_gain(answer, *, runs, run: str) -> None:
           nudge="the `clean` column says which steps no heat pause touched; keep the steps "
                 "that are clean in both runs.",
           hint="A's clean steps are set(pair[(pair.run == A) & pair.clean][STEP]); intersect "
-               "them with B's (&), keep the steps up to 23, and sort them.")
+               "them with B's (&), keep the steps up to 23, and sort them.",
+          answer="common")
 def _grade_common(answer, *, runs, a: str, b: str) -> None:
     from labkit.run.metrics import STEP
 
@@ -405,7 +483,7 @@ def _grade_common(answer, *, runs, a: str, b: str) -> None:
     except (TypeError, ValueError):
         raise _Wrong("give the steps as a list of whole numbers, e.g. [0, 1, 4].") from None
 
-    def clean(name: str, last: Optional[int] = 23) -> set[int]:
+    def clean(name: str, last: int | None = 23) -> set[int]:
         r = runs[runs["run"] == name]
         if last is not None:
             r = r[r[STEP] <= last]
@@ -414,6 +492,11 @@ def _grade_common(answer, *, runs, a: str, b: str) -> None:
     def every(name: str) -> set[int]:
         r = runs[runs["run"] == name]
         return set(r.loc[r[STEP] <= 23, STEP].astype(int))
+
+    for name in (a, b):  # else one run's clean steps are the answer too, and pass
+        if clean(name) == every(name):
+            raise GivenError(f"exercise 1.3.3 needs two runs that both have unclean steps among "
+                             f"steps 0-23; {name} has none (or no step there)")
 
     expected = sorted(clean(a) & clean(b))
     if steps == expected:

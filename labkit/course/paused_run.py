@@ -1,21 +1,23 @@
-"""A constructed run with heat pauses, made from a real run, for exercise 1.3.3.
+"""Two constructed runs with heat pauses, made from real runs, for exercise 1.3.3.
 
 None of our GPU runs paused for heat (the hottest reading was 58 C), so every shipped step
-is clean and "the steps clean in both runs" would be every step. The exercise needs a run
-where a pause touched some rollouts. This module makes one from a real run, and says so
-everywhere: the folder's name contains "constructed" (load_runs leaves it out unless asked,
+is clean and "the steps clean in both runs" would be every step. The exercise needs two runs
+where pauses touched some rollouts, and both of them: with one run clean throughout, the
+clean steps of the other alone are the right answer too, and a wrong method passes. This
+module makes them from real runs, with pauses on steps that partly overlap, and says so
+everywhere: each folder's name contains "constructed" (load_runs leaves it out unless asked,
 and the comparisons refuse to mix it with real runs), its config.json carries a `note`, and
-a README.md sits beside the logs. Nothing in it is a measurement of a pause.
+a README.md sits beside the logs. Nothing in them is a measurement of a pause.
 
-What changes from the real run: on the steps of PAUSES, a pause of that many seconds is put
-inside the rollout (as the heat guard does between generation batches), so the step's
+What changes from the real run: on the steps of its PAUSES, a pause of that many seconds is
+put inside the rollout (as the heat guard does between generation batches), so the step's
 `heat/clean` is false, its rollout and step times grow by the pause (and its tokens per
 second drop), `heat/max_temp_c` reads hot, heat.jsonl records the pause, and every later
-step starts that much later. Rewards and
-everything else are the real run's. The samples are not copied.
+step starts that much later. Rewards and everything else are the real run's. The samples
+are not copied.
 
-    from labkit.course.paused_run import write_paused_run
-    write_paused_run("data/runs")      # writes data/runs/constructed-heat-n8-lr1e-6-s2
+    from labkit.course.paused_run import write_paused_runs
+    write_paused_runs("data/runs")   # writes data/runs/constructed-heat-n8-lr1e-6-s2 and -n16-
 """
 
 from __future__ import annotations
@@ -27,51 +29,76 @@ from pathlib import Path
 from labkit.run.log import CONFIG, HEAT, METRICS, STATUS, read_jsonl
 from labkit.run.metrics import STEP
 
-SOURCE = "n8-lr1e-6-s2"  # the real run it is made from
-NAME = f"constructed-heat-{SOURCE}"
-# step -> seconds of the made-up pause inside its rollout
-PAUSES = {4: 35.0, 5: 62.0, 11: 48.0, 12: 71.0, 13: 40.0, 18: 55.0, 21: 38.0}
+# the real run each is made from -> {step: (seconds of the made-up pause in its rollout, peak C)}
+PAUSES: dict[str, dict[int, tuple[float, float]]] = {
+    "n8-lr1e-6-s2": {4: (35.0, 86.0), 5: (62.0, 88.0), 11: (48.0, 86.0), 12: (71.0, 89.0),
+                     13: (40.0, 87.0), 18: (55.0, 87.0), 21: (38.0, 86.0)},
+    "n16-lr1e-6-s2": {2: (44.0, 87.0), 5: (58.0, 88.0), 9: (36.0, 86.0), 13: (66.0, 89.0),
+                      16: (41.0, 86.0), 21: (52.0, 87.0)},
+}
+SOURCE, SECOND = PAUSES  # exercise 1.3.3's runs A and B are made from these
 PAUSE_AFTER_S = 2.0  # into the rollout: after the first generation batch
-PEAK_C = {4: 86.0, 5: 88.0, 11: 86.0, 12: 89.0, 13: 87.0, 18: 87.0, 21: 86.0}
-NOTE = (f"CONSTRUCTED, not measured: the real run {SOURCE} with made-up heat pauses inside the "
-        f"rollouts of steps {', '.join(map(str, PAUSES))}, for exercise 1.3.3 "
-        f"(labkit.course.paused_run). No run of ours paused for heat.")
 
 
-def write_paused_run(runs_dir: str | Path, out_dir: str | Path | None = None) -> Path:
-    """Write the constructed run from `runs_dir`/SOURCE into `out_dir` (default: runs_dir)/NAME,
-    replacing what is there; returns the folder."""
-    src = Path(runs_dir) / SOURCE
-    dest = Path(out_dir or runs_dir) / NAME
+def name_of(source: str) -> str:
+    """The constructed run's name (and folder) for the real run `source`."""
+    return f"constructed-heat-{source}"
+
+
+NAME = name_of(SOURCE)
+NAMES = [name_of(source) for source in PAUSES]
+
+
+def note(source: str) -> str:
+    """What the constructed run made from `source` is, for its config.json and README.md."""
+    return (f"CONSTRUCTED, not measured: the real run {source} with made-up heat pauses inside "
+            f"the rollouts of steps {', '.join(map(str, PAUSES[source]))}, for exercise 1.3.3 "
+            f"(labkit.course.paused_run). No run of ours paused for heat.")
+
+
+def write_paused_runs(runs_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """Write every constructed run of PAUSES (write_paused_run); returns their folders."""
+    return [write_paused_run(runs_dir, out_dir, source=source) for source in PAUSES]
+
+
+def write_paused_run(runs_dir: str | Path, out_dir: str | Path | None = None, *,
+                     source: str = SOURCE) -> Path:
+    """Write the constructed run of `runs_dir`/`source` into `out_dir` (default: runs_dir)/
+    name_of(source), replacing what is there; returns the folder."""
+    src = Path(runs_dir) / source
+    name = name_of(source)
+    dest = Path(out_dir or runs_dir) / name
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     config = json.loads((src / CONFIG).read_text())
-    config.update(run_name=NAME, note=NOTE)
+    config.update(run_name=name, note=note(source))
     _write_json(dest / CONFIG, config)
     steps, _ = read_jsonl(src / METRICS)
-    steps, pauses = _with_pauses(steps)
+    steps, pauses = _with_pauses(steps, PAUSES[source])
     _write_lines(dest / METRICS, steps)
     _write_lines(dest / HEAT, pauses)
     shutil.copyfile(src / STATUS, dest / STATUS)
-    (dest / "README.md").write_text(f"# {NAME}\n\n{NOTE}\n\nWritten by `write_paused_run` "
-                                    f"from `{SOURCE}`; see `labkit/course/paused_run.py`.\n")
+    (dest / "README.md").write_text(f"# {name}\n\n{note(source)}\n\nWritten by `write_paused_run` "
+                                    f"from `{source}`; see `labkit/course/paused_run.py`.\n")
     return dest
 
 
-def _with_pauses(steps: list[dict]) -> tuple[list[dict], list[dict]]:
-    """The steps with PAUSES put into their rollouts, later steps shifted; and the pause rows."""
+def _with_pauses(steps: list[dict], made_up: dict[int, tuple[float, float]]
+                 ) -> tuple[list[dict], list[dict]]:
+    """The steps with the `made_up` pauses put into their rollouts, later steps shifted; and
+    the pause rows."""
     out, pauses, shift = [], [], 0.0
     for row in steps:
         row = dict(row)
         row["time/start"] += shift
-        pause = PAUSES.get(int(row[STEP]))
-        if pause:
+        step = int(row[STEP])
+        if step in made_up:
+            pause, peak = made_up[step]
             start = row["time/start"] + PAUSE_AFTER_S
             pauses.append({"start": start, "end": start + pause, "seconds": pause,
-                           "peak_c": PEAK_C[int(row[STEP])], "step": int(row[STEP])})
-            row.update({"heat/clean": False, "heat/pause_time": pause,
-                        "heat/max_temp_c": PEAK_C[int(row[STEP])],
+                           "peak_c": peak, "step": step})
+            row.update({"heat/clean": False, "heat/pause_time": pause, "heat/max_temp_c": peak,
                         "perf/rollout_time": row["perf/rollout_time"] + pause,
                         "perf/step_time": row["perf/step_time"] + pause})
             row["perf/tokens_per_s"] = row["rollout/tokens"] / row["perf/rollout_time"]

@@ -26,7 +26,6 @@ import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Optional
 
 from labkit.config import DATA_ENV, EMBEDDED_MODEL, MODEL_ENV, RECIPE_MODEL, ConfigError, RunConfig
 
@@ -50,7 +49,7 @@ def has_gpu() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def pick(env: Optional[Mapping[str, str]] = None, *, gpu: Optional[bool] = None,
+def pick(env: Mapping[str, str] | None = None, *, gpu: bool | None = None,
          say: bool = True) -> str:
     """The profile a lesson runs: $LABKIT_PROFILE when set, else "gpu" with a GPU, else "cpu".
 
@@ -77,7 +76,7 @@ def pick(env: Optional[Mapping[str, str]] = None, *, gpu: Optional[bool] = None,
     return name
 
 
-def describe(profile: str, env: Optional[Mapping[str, str]] = None) -> str:
+def describe(profile: str, env: Mapping[str, str] | None = None) -> str:
     """What a profile's launch runs, read from its preset (so the text follows the preset),
     naming a local copy set by LABKIT_MODEL or LABKIT_DATA (`env`, default os.environ)."""
     cfg = RunConfig.preset(PROFILES[profile])
@@ -141,7 +140,7 @@ def config(profile: str, **changes) -> RunConfig:
 RERUN_ANSWERS: dict[str, tuple[int, ...]] = {"cpu": (2, 8), "gpu": (4, 8, 16)}
 
 
-def rerun_configs(profile: str, answers: Optional[tuple[int, ...]] = None) -> list[RunConfig]:
+def rerun_configs(profile: str, answers: tuple[int, ...] | None = None) -> list[RunConfig]:
     """The configs of lesson 1.3's rerun cell: the profile's run with `answers` answers per
     prompt (default RERUN_ANSWERS: 2 and 8 on a CPU, 4, 8 and 16 on a GPU), each with the
     matching --global-batch-size (one optimizer step per rollout) and a fixed run name,
@@ -205,7 +204,7 @@ def after_step(cfg: RunConfig, step: int, function, *args) -> AfterStep:
     return AfterStep(cfg.output_dir, step, function, *args)
 
 
-def checkpoints(folder: Optional[Path] = None):
+def checkpoints(folder: Path | None = None):
     """The checkpoints kept in the run folders under `folder` (default: the repository's runs/,
     where the lessons write): a DataFrame with one row per run folder that holds one, its
     step, its size in GB and the folder to delete when the run need not resume. A completed
@@ -230,7 +229,7 @@ def checkpoints(folder: Optional[Path] = None):
 
 
 # ------------------------------------------------------------------ where the data lives
-def course_root(start: Optional[Path] = None) -> Path:
+def course_root(start: Path | None = None) -> Path:
     """The repository folder: the first of `start` (default: the working folder) and its
     parents that holds both notebooks/ and labkit/; else the folder above the labkit
     package (an editable install)."""
@@ -241,14 +240,14 @@ def course_root(start: Optional[Path] = None) -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-def runs_dir(env: Optional[Mapping[str, str]] = None) -> Path:
+def runs_dir(env: Mapping[str, str] | None = None) -> Path:
     """The folder of raw runs a lesson compares: $LABKIT_RUNS_DIR when set, else data/runs."""
     env = os.environ if env is None else env
     given = env.get(RUNS_ENV)
     return Path(given).expanduser() if given else course_root() / "data" / "runs"
 
 
-def recorded_incidents(folder: Optional[Path] = None) -> list[Path]:
+def recorded_incidents(folder: Path | None = None) -> list[Path]:
     """The recorded client logs in `folder` (default data/incidents): *.jsonl files whose
     name does not say "constructed", sorted by name."""
     folder = Path(folder) if folder else course_root() / "data" / "incidents"
@@ -257,8 +256,8 @@ def recorded_incidents(folder: Optional[Path] = None) -> list[Path]:
     return sorted(p for p in folder.glob("*.jsonl") if "constructed" not in p.name)
 
 
-def incident_log(name: Optional[str] = None, *, folder: Optional[Path] = None,
-                 scratch: Optional[Path] = None) -> Path:
+def incident_log(name: str | None = None, *, folder: Path | None = None,
+                 scratch: Path | None = None) -> Path:
     """The client log lesson 1.2 replays.
 
     `name` (a file stem or name in data/incidents) picks a recording; without it the first

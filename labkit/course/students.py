@@ -18,19 +18,18 @@ import ast
 import hashlib
 import json
 from pathlib import Path
-from typing import Optional
 
 from labkit.course.exercises import BEGIN, CHECK_RE, END
 
 STUDENTS = "students"  # default folder of the students' copies, inside the sources' folder
 
 
-def check_calls(text: str) -> list[tuple[str, Optional[str]]]:
+def check_calls(text: str) -> list[tuple[str, str | None]]:
     """The (exercise id, answer variable or None) of each `exercises.check(...)` call in text."""
     return [(m["id"], m["answer"]) for m in CHECK_RE.finditer(text)]
 
 
-def student_source(source: str, id: str, answer: Optional[str] = None) -> str:
+def student_source(source: str, id: str, answer: str | None = None) -> str:
     """A code cell's source with each solution block replaced by its placeholder.
 
     The placeholder of a block is `answer = None  # Exercise <id>: your answer` when the
@@ -60,7 +59,7 @@ def student_source(source: str, id: str, answer: Optional[str] = None) -> str:
     return "\n".join(out)
 
 
-def _placeholder(block: list[str], id: str, indent: str, answer: Optional[str]) -> list[str]:
+def _placeholder(block: list[str], id: str, indent: str, answer: str | None) -> list[str]:
     text = "\n".join(b[len(indent):] if b.startswith(indent) else b.lstrip() for b in block)
     try:
         tree = ast.parse(text)
@@ -106,7 +105,10 @@ def student_notebook(nb: dict, *, source_name: str = "") -> dict:
             f"**Student copy** of `{name}`, written by `labkit students`: the exercises are "
             f"yours to solve. Replace each `None` marked `# Exercise ...` with your answer "
             f"and run the check cell below it: it says `correct.`, or `not yet` with a hint. "
-            f"A check cell never stops Run All.\n\n"
+            f"Neither cell stops *Run All*: an answer that raises an error prints it in one "
+            f"line, and the check cell says so. Only a syntax error stops Run All at its "
+            f"cell (Python cannot run any of it); fix it, then *Run > Run Selected Cell and "
+            f"All Below*.\n\n"
             f"Grade the whole notebook in a terminal, from the repository folder, with the "
             f"course's environment active:\n\n"
             f"    {grading_command(f'notebooks/{STUDENTS}/{name}')}\n\n"
@@ -141,7 +143,7 @@ def as_written(text: str) -> bool:
     return stored == fingerprint(nb)
 
 
-def _following_check(cells: list[dict], i: int) -> Optional[tuple[str, Optional[str]]]:
+def _following_check(cells: list[dict], i: int) -> tuple[str, str | None] | None:
     """(id, answer variable) of the first check call at or after cell i, or None."""
     for cell in cells[i:]:
         if cell["cell_type"] == "code":
@@ -175,7 +177,7 @@ def student_texts(src_dir: Path) -> dict[str, str]:
     return out
 
 
-def write_students(src_dir: Path, out_dir: Optional[Path] = None, *,
+def write_students(src_dir: Path, out_dir: Path | None = None, *,
                    force: bool = False) -> tuple[list[Path], list[Path]]:
     """Write the students' copies of src_dir's notebooks into out_dir (default src_dir/students).
 
@@ -197,7 +199,7 @@ def write_students(src_dir: Path, out_dir: Optional[Path] = None, *,
     return written, kept
 
 
-def stale_students(src_dir: Path, out_dir: Optional[Path] = None) -> list[str]:
+def stale_students(src_dir: Path, out_dir: Path | None = None) -> list[str]:
     """What differs between the copies in out_dir and what src_dir's notebooks give: one line
     per missing, stale (labkit wrote it from an older source), edited (solved, run or saved
     since labkit wrote it) or extra file (empty when they match)."""
@@ -216,9 +218,27 @@ def stale_students(src_dir: Path, out_dir: Optional[Path] = None) -> list[str]:
             problems.append(f"{path}: stale (its source {name} changed since labkit wrote it)")
         else:
             problems.append(f"{path}: edited since labkit wrote it (solved, run or saved: it may "
-                            f"hold a student's answers); labkit students keeps it, --force "
-                            f"overwrites it")
+                            f"hold a student's answers); labkit students keeps it")
     for path in sorted(out_dir.glob("*.ipynb")) if out_dir.is_dir() else []:
         if path.name not in wanted:
             problems.append(f"{path}: extra (no source notebook {path.name})")
     return problems
+
+
+EDITED = ": edited since labkit wrote it"  # in stale_students' line for a copy a student changed
+
+
+def check_advice(src_dir, out_dir=None, problems: list[str] | None = None) -> str:
+    """The last line of `labkit students --check` when copies are out of date: the command
+    that rewrites them, and, when one was edited (`problems` from stale_students names it),
+    a way that loses no answer: fresh copies written to a folder of their own, beside the
+    edited ones, whose answers can then be copied across. Never --force, which overwrites
+    the answers."""
+    out = f" --out {out_dir}" if out_dir else ""
+    line = f"the students' copies are out of date; run: labkit students {src_dir}{out}"
+    if any(EDITED in p for p in problems or ()):
+        fresh = Path(out_dir) if out_dir else Path(src_dir) / STUDENTS
+        line += (f" (it keeps the edited copies and their answers; for fresh ones beside them: "
+                 f"labkit students {src_dir} --out {fresh.parent / (fresh.name + '-fresh')})")
+    return line
+

@@ -24,6 +24,7 @@ and a run that stops cleanly (a signal, the time limit) closes it as stopped, no
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -148,10 +149,19 @@ class StepProgress:
         short = getattr(self.bar, "total", None) and getattr(self.bar, "n", 0) < self.bar.total
         if clean and short:
             self.bar.set_postfix_str(f"stopped ({reason}) before step {self.step}; "
-                                     f"--resume continues")
+                                     f"{'resume=run.dir' if in_notebook() else '--resume'} "
+                                     f"continues")
         self.bar.close()
         if clean and short and hasattr(self.bar, "container"):  # the notebook widget
             self.bar.disp(bar_style="info", check_delay=False)
+
+
+def in_notebook() -> bool:
+    """True in a Jupyter kernel (IPython's ZMQ shell): there a stopped run is continued from a
+    cell, `labkit.launch(cfg, resume=run.dir)`, not with the command line's `--resume`."""
+    ipython = sys.modules.get("IPython")  # never imported here: a kernel has it already
+    shell = ipython.get_ipython() if ipython is not None else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def time_left(elapsed: float, total: int, tokens: int, max_tokens: int) -> float | None:

@@ -6,7 +6,10 @@ labkit.serving.watchdog.Watchdog in time order, so the same log always gives the
 bursts, stalls and decisions; `timeline` draws them. Bad lines are counted, never raised:
 a log cut short by a killed run still replays; a file none of whose lines is an event (a
 PNG, a metrics.jsonl) is refused. A policy's stop is its last decision: the run would have
-stopped there, so what the log holds after it is counted, and decided on no further.
+stopped there, so what the log holds after it is counted, and decided on no further. A stall
+still open when the log ends has no end (NaN); the report says what that means: where the
+recording stops, in which step, how many requests were answered, and how the recording
+ended when its meta line says so (`ended`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import pandas as pd
 
@@ -67,7 +69,7 @@ def read_events(path: Path, max_examples: int = 3) -> LogRead:
     return LogRead(events, meta, bad, late, unknown, examples)
 
 
-def _parse_line(raw: str) -> Optional[dict]:
+def _parse_line(raw: str) -> dict | None:
     try:
         e = _loads(raw)
     except ValueError:  # json's and orjson's decode errors are ValueErrors
@@ -91,6 +93,20 @@ class ReplayResult:
     per_second: pd.DataFrame  # columns second, fails (503 lines), other_fails, done
     summary: dict
 
+    def log_end(self) -> str:
+        """What an end_s of NaN means: "no end: the recording stops at 301.2 s, in step 0 (48
+        of 512 requests answered; stopped by hand)". The stall did not end; the log did, and
+        a log whose step never ended was cut off (its meta line's `ended` says how, when it
+        was recorded)."""
+        s = self.summary
+        text = f"no end: the {'log' if s['constructed'] else 'recording'} stops at {s['span_s']:.1f} s"
+        if s.get("open_step") is not None:
+            text += f", in step {s['open_step']}"
+        said = [f"{s['done']} of {s['requests']} requests answered"] if s.get("requests") else []
+        if (s.get("meta") or {}).get("ended"):
+            said.append(str(s["meta"]["ended"]))
+        return text + (f" ({'; '.join(said)})" if said else "")
+
     def report(self) -> str:
         """The summary and the burst table as text, for a terminal or a notebook."""
         s = self.summary
@@ -105,6 +121,8 @@ class ReplayResult:
                   self.bursts.to_string(index=False) if len(self.bursts) else "  none"]
         if len(self.stalls):
             lines += ["", f"stalls (no completion for > {s['stall_s']:g} s):", self.stalls.to_string(index=False)]
+            lines += [f"  the stall from {row.start_s:.1f} s has {self.log_end()}"
+                      for row in self.stalls.itertuples() if math.isnan(row.end_s)]
         lines += ["", "decisions:", self.decisions.to_string(index=False) if len(self.decisions) else "  none"]
         if s.get("stopped_at_s") is not None:
             lines.append(f"the policy stopped the run at {s['stopped_at_s']:.1f} s: the log after it "
@@ -132,8 +150,14 @@ def replay(log_path: Path, burst_gap: float = 5.0, stall_s: float = 60.0,
     seconds: Counter = Counter()
     other: Counter = Counter()
     done: Counter = Counter()
+    started, ended, requests = [], set(), 0
     for e in read.events:
         dog.observe(e)
+        if e["event"] == "step_start":
+            started.append(e.get("step"))
+            requests += int(e.get("requests") or 0)
+        elif e["event"] == "step_end":
+            ended.add(e.get("step"))
         if e["event"] == "fail":
             (seconds if e.get("status") in statuses else other)[int(e["t"] - dog.t0)] += 1
         elif e["event"] == "done":
@@ -154,11 +178,13 @@ def replay(log_path: Path, burst_gap: float = 5.0, stall_s: float = 60.0,
         "bad_lines": read.bad_lines, "out_of_order": read.out_of_order, "unknown": read.unknown,
         "bad_examples": read.bad_examples, "burst_gap": burst_gap, "stall_s": stall_s,
         "policy": dataclasses.asdict(policy), "stopped_at_s": stopped_at,
+        "requests": requests,  # over the steps the log started
+        "open_step": next((step for step in reversed(started) if step not in ended), None),
     }
     return ReplayResult(dog.burst_table(), dog.stall_table(), decisions, per_second, summary)
 
 
-def _until_stop(decisions: pd.DataFrame) -> tuple[pd.DataFrame, Optional[float]]:
+def _until_stop(decisions: pd.DataFrame) -> tuple[pd.DataFrame, float | None]:
     """The decisions up to the policy's first stop (the run ends there), and when it came."""
     stops = decisions.index[decisions["action"] == "stop"]
     if not len(stops):
@@ -172,7 +198,7 @@ MARKS = {"lower": ("v", "tab:orange"), "restore": ("^", "tab:green"),
          "stall": ("x", "tab:purple"), "stop": ("X", "tab:red")}
 
 
-def timeline(result: ReplayResult, out_dir: Optional[Path] = None, name: Optional[str] = None):
+def timeline(result: ReplayResult, out_dir: Path | None = None, name: str | None = None):
     """Plot 503 lines per second with bursts shaded and decisions marked; save PNG and SVG.
 
     Returns the matplotlib Figure; with `out_dir`, writes `<name>.png` and `<name>.svg`.
