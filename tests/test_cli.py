@@ -150,8 +150,8 @@ def test_a_launch_ends_with_the_reward_at_the_start_and_the_end_and_its_plot(tmp
     right = [s["rollout/right_frac"] for s in steps]
     line = next(x for x in printed.splitlines() if x.startswith("reward "))
     assert line.startswith(f"reward {rewards[0]:.3f} -> {rewards[-1]:.3f}, answers right "
-                           f"{right[0]:.3f} -> {right[-1]:.3f} (mean of the first and of "
-                           f"the last 1 of 3 steps); plot: ")
+                           f"{right[0]:.3f} -> {right[-1]:.3f} (the first and the last of 3 "
+                           f"steps); plot: ")
     assert (out / "tiny" / "reward.png").stat().st_size > 0
 
 

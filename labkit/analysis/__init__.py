@@ -76,6 +76,7 @@ from labkit.analysis.runframe import (
                                    steps_text,
                                    with_steps,
 )
+from labkit.analysis.table import check_comparable, compare, drop_unfinished, render_table
 from labkit.run.metrics import STEP
 
 __all__ = [
