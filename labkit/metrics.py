@@ -96,6 +96,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "client/engines_synced": ("", "engines that loaded the new weights after the optimizer step"),
     "client/weights_write_time": ("s", "writing the weights file the engines load (part of perf/update_weights_time)"),
     "client/weights_load_time": ("s", "the engines loading it, in parallel (part of perf/update_weights_time)"),
+    # client/sync_check_*: --http-sync-check, each engine's log-probs of a fixed answer after the sync
+    "client/sync_check_abs_diff": ("", "largest over the engines of the mean |trainer - engine| log-prob of the fixed answer, after the sync"),
+    "client/sync_check_engines_changed": ("", "engines whose log-probs of the fixed answer differ from their last sync's (all of them, when the trainer's moved)"),
+    "client/sync_check_engine_change": ("", "smallest over the engines of the mean |now - last sync| of its log-probs of the fixed answer"),
+    "client/sync_check_trainer_change": ("", "mean |now - last sync| of the trainer's log-probs of the fixed answer: how far each engine should have moved"),
+    "client/sync_check_time": ("s", "the check: the trainer's pass and one request per engine (part of perf/update_weights_time)"),
     # time: wall clock (labkit only)
     "time/start": ("s", "unix time the step started"),
     "time/end": ("s", "unix time the step ended"),
