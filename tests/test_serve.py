@@ -99,6 +99,36 @@ def test_router_in_front_of_fake_engines_serves_an_http_engine(tmp_path):
     assert not any(alive(p) for p in pids)
 
 
+HAS_ROUTER_MODULE = importlib.util.find_spec("vllm_router") is not None
+
+
+@pytest.mark.skipif(not HAS_ROUTER_MODULE, reason="vllm-router is not installed")
+def test_a_router_without_its_script_runs_as_this_pythons_module(tmp_path, monkeypatch):
+    """A wheel unpacked with `pip install --target` elsewhere (the lent GPU machine) has no
+    runnable vllm-router script: the router then starts as `python -m` and serves all the same."""
+    import labkit.serving.cluster as cluster_mod
+
+    monkeypatch.setattr(cluster_mod.shutil, "which", lambda *a, **k: None)
+    command = cluster_mod.router_binary("vllm-router")
+    assert command[0] == sys.executable and command[-2:] == ["-m", "vllm_router.launch_router"]
+    with Cluster(fake_config(tmp_path, engines=2)) as cluster:
+        engine = HttpEngine(cluster.url, max_open_requests=8)
+        out = engine.generate([[1, 2]], Sampling(n=4, max_tokens=3))
+        engine.close()
+        router_log = (cluster.log_dir / "router.log").read_text()
+    assert router_log.startswith(f"$ {sys.executable}") and "-m vllm_router.launch_router" in router_log
+    assert [len(c.token_ids) for c in out[0]] == [3, 3, 3, 3]
+
+
+def test_no_router_script_and_no_module_is_one_line_naming_the_fix(monkeypatch):
+    import labkit.serving.cluster as cluster_mod
+
+    monkeypatch.setattr(cluster_mod.shutil, "which", lambda *a, **k: None)
+    monkeypatch.setattr(cluster_mod.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ServeError, match="vllm-router not found; pip install vllm-router.*--router none"):
+        cluster_mod.router_binary("vllm-router")
+
+
 def test_an_engine_that_cannot_start_is_reported_and_nothing_is_left(tmp_path):
     cfg = fake_config(tmp_path, engines=2, router="none", engine_args=("--no-such-flag",))
     cluster = Cluster(cfg)

@@ -268,20 +268,34 @@ def engine_env(cfg: ServeConfig, index: int) -> dict:
     return {**env, **cfg.env}
 
 
-def router_binary(name: str) -> str:
-    """The router executable: on PATH, or beside this Python (a venv's bin)."""
+# vllm-router's Python entry point: `python -m` runs it where its console script cannot (a
+# wheel unpacked with `pip install --target` on another machine: the script's #! line names
+# the Python that unpacked it)
+ROUTER_MODULES = {"vllm-router": "vllm_router.launch_router"}
+
+
+def router_binary(name: str) -> list[str]:
+    """The router's command: its executable on PATH or beside this Python (a venv's bin),
+    else this Python running its module (ROUTER_MODULES) when that is importable."""
     found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
-    if not found:
-        raise ServeError(f"{name} not found; pip install {name} (a Rust load balancer on PyPI), "
-                         f"or pass --router none to use one engine directly")
-    return found
+    if found:
+        return [found]
+    module = ROUTER_MODULES.get(name)
+    try:
+        importable = module is not None and importlib.util.find_spec(module) is not None
+    except ImportError:  # its package is missing
+        importable = False
+    if importable:
+        return [*isolated(sys.executable), "-m", module]
+    raise ServeError(f"{name} not found; pip install {name} (a Rust load balancer on PyPI), "
+                     f"or pass --router none to use one engine directly")
 
 
 def router_command(cfg: ServeConfig, worker_urls: list[str]) -> list[str]:
     """vllm-router on cfg.port in front of `worker_urls`, metrics on port+K+1."""
     if cfg.router != "vllm-router":
         raise ServeError(f"--router {cfg.router!r} is not valid; valid: vllm-router, none")
-    return [router_binary(cfg.router), "--host", cfg.host, "--port", str(cfg.port),
+    return [*router_binary(cfg.router), "--host", cfg.host, "--port", str(cfg.port),
             "--worker-urls", *worker_urls, "--policy", "round_robin",
             "--prometheus-host", cfg.host, "--prometheus-port", str(cfg.port + cfg.engines + 1),
             *(SHED_LOAD_ROUTER_ARGS if cfg.shed_load else ()), *cfg.router_args]
