@@ -99,6 +99,27 @@ def test_router_in_front_of_fake_engines_serves_an_http_engine(tmp_path):
     assert not any(alive(p) for p in pids)
 
 
+@pytest.mark.parametrize("one_by_one, order", [
+    (False, ["spawn engine0", "spawn engine1", "ready engine0", "ready engine1"]),
+    (True, ["spawn engine0", "ready engine0", "spawn engine1", "ready engine1"]),
+])
+def test_one_by_one_starts_each_engine_once_the_one_before_is_ready(tmp_path, monkeypatch,
+                                                                    one_by_one, order):
+    """Engines sharing a GPU: the second measures free memory only once the first holds its share."""
+    import labkit.serving.cluster as cluster_mod
+
+    seen = []
+    spawn, healthy = cluster_mod.spawn, cluster_mod.wait_healthy
+    monkeypatch.setattr(cluster_mod, "spawn", lambda name, *a: seen.append(f"spawn {name}") or spawn(name, *a))
+    monkeypatch.setattr(cluster_mod, "wait_healthy",
+                        lambda proc, t: (healthy(proc, t), seen.append(f"ready {proc.name}")))
+    cfg = fake_config(tmp_path, engines=2, router="none", one_by_one=one_by_one)
+    with Cluster(cfg):
+        pass
+    assert seen == order
+    assert serve_config(["--one-by-one"])[0].one_by_one is True
+
+
 HAS_ROUTER_MODULE = importlib.util.find_spec("vllm_router") is not None
 
 

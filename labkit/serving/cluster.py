@@ -21,6 +21,7 @@ trainer finds the engines through the router's `/list_workers`; `serve.json` lis
     labkit serve --engines 2 --port 8000              # vLLM engines, Ctrl-C stops all
     labkit serve --backend fake --engines 2 --duration 60
     labkit serve --dtype float32 --engine-args --enforce-eager --max-num-seqs 64   # last
+    labkit serve --one-by-one --engine-args --gpu-memory-utilization 0.15  # 2 on one GPU
 """
 
 from __future__ import annotations
@@ -92,6 +93,10 @@ class ServeConfig:
     fake_vocab_size: int = flag_field(1000, "fake engine: token ids are drawn below this")
     log_dir: str = flag_field("out/serve", "engine and router logs, and serve.json")
     startup_timeout_s: float = flag_field(900.0, "seconds an engine may take to answer /health")
+    one_by_one: bool = flag_field(
+        False, "start each engine once the one before is ready: engines that share a GPU then "
+        "do not measure its free memory while another one is taking some (vLLM's start-up "
+        "profiling) nor compile into the same cache at once")
     vllm_python: Optional[str] = flag_field(None, "a Python that imports vllm (default: found)")
     env: dict = flag_field(dict, "extra environment for the engines", flag=False)
     # Last on the command line, and takes the rest of it: a value starting with "-" is not
@@ -127,7 +132,8 @@ class Cluster:
         self.stop()
 
     def start(self) -> "Cluster":
-        """Check ports, start the engines, wait for their health, then the router."""
+        """Check ports, start the engines (all at once, or `one_by_one`), wait for their
+        health, then start the router."""
         c = self.cfg
         if c.engines < 1:
             raise ServeError(f"--engines must be >= 1, got {c.engines}")
@@ -146,10 +152,11 @@ class Cluster:
                 port = c.port + 1 + i
                 self._spawn(f"engine{i}", engine_command(c, port), f"http://{c.host}:{port}",
                             engine_env(c, i))
-            for p in list(self.procs):
-                wait_healthy(p, c.startup_timeout_s)
-                if c.backend == "vllm":
-                    warm_up(p, c.startup_timeout_s)
+                if c.one_by_one:
+                    self._ready(self.procs[-1])
+            if not c.one_by_one:
+                for p in list(self.procs):
+                    self._ready(p)
             if c.router != "none":
                 router = self._spawn("router", router_command(c, [p.url for p in self.procs]),
                                      f"http://{c.host}:{c.port}", {})
@@ -158,6 +165,12 @@ class Cluster:
             self.stop()
             raise
         return self
+
+    def _ready(self, proc: Proc) -> None:
+        """Wait for an engine's /health, then (vLLM) for its first completion."""
+        wait_healthy(proc, self.cfg.startup_timeout_s)
+        if self.cfg.backend == "vllm":
+            warm_up(proc, self.cfg.startup_timeout_s)
 
     def _spawn(self, name: str, cmd: list[str], url: str, env: dict) -> Proc:
         proc = spawn(name, cmd, url, env, self.log_dir / f"{name}.log")
