@@ -88,7 +88,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "heat/max_temp_c": ("C", "hottest GPU reading during the step"),
     # client: rollouts over HTTP, --rollout-mode http (labkit only)
     "client/requests": ("", "requests answered in the step (one per answer; evaluation's too)"),
-    "client/failed_attempts": ("", "failed attempts (503s, other 5xx, 429, timeouts, connection errors), each retried"),
+    "client/failed_attempts": ("", "failed attempts (503s, other 5xx, 408, 429, timeouts, connection errors), each retried"),
     "client/503s": ("", "failed attempts answered 503 Service Unavailable (what the watchdog groups into bursts)"),
     "client/retried_requests": ("", "answered requests that needed more than one attempt"),
     "client/max_attempts": ("", "most attempts one request took"),
