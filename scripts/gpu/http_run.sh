@@ -8,7 +8,9 @@
 # one after another, and replays each run's client.jsonl through the watchdog
 # ($L/RUN.replay.txt: 503 bursts, stalls; the timeline PNG beside it). Stops the engines and
 # the router at the end, also on SIGTERM (solo.sh's time limit: the run in progress stops
-# after its step, then serve stops). Env: L, SOLO (solo.sh's), SERVE_WAIT (s, 420).
+# after its step, then serve stops). Env: L, SOLO (solo.sh's), SERVE_WAIT (s, 300).
+# A serve that does not come up leaves $L/serve-failed: solo.sh then skips the jobs that
+# serve (an engine that hangs at start would hang in each of them).
 # The launches get --http-sync-check from their flags (solo.sh passes it).
 set -u
 L=${L:-$SOLO/logs}  # solo.sh's log folder
@@ -41,10 +43,11 @@ echo "$serve_pid" > "$logs/serve.pid"  # solo.sh stops a serve left behind by th
 t0=$(date +%s)
 until [ -f "$logs/serve.json" ]; do
   if ! kill -0 "$serve_pid" 2>/dev/null; then
-    say "serve exited before it was up:"; tail -30 "$logs/serve.out"; exit 1
+    say "serve exited before it was up:"; tail -30 "$logs/serve.out"; touch "$L/serve-failed"; exit 1
   fi
-  if [ $(( $(date +%s) - t0 )) -gt "${SERVE_WAIT:-420}" ]; then
-    say "serve not up in ${SERVE_WAIT:-420} s"; tail -30 "$logs"/*.log; stop_serve; exit 1
+  if [ $(( $(date +%s) - t0 )) -gt "${SERVE_WAIT:-300}" ]; then
+    say "serve not up in ${SERVE_WAIT:-300} s"; tail -30 "$logs"/*.log; stop_serve
+    touch "$L/serve-failed"; exit 1
   fi
   sleep 2
 done

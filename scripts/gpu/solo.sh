@@ -124,11 +124,13 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       --output-dir "$SOLO/runs" --run-name lesson ;;
     alone16) job alone16 300 python -m labkit launch "${SHORT[@]}" --n-samples-per-prompt 16 \
       --global-batch-size 512 --seed 21 --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name alone16 ;;
+    http2|http1|http1d|burst503)
+      if [ -f "$L/serve-failed" ]; then say "$j skipped: an earlier job's engines did not come up"; continue; fi ;;&
     http2|http1|http1d)
       # HTTP_SERVE: the engines' flags (their share of the GPU: vLLM checks at start that the
       # share is free, and --one-by-one lets each profile the memory alone); HTTP_EXTRA goes
       # last on each launch's line (a rehearsal's smaller batch)
-      serve="--model $M ${HTTP_SERVE:---dtype bfloat16 --max-model-len 2048 --max-num-seqs 512 --one-by-one}"
+      serve="--model $M ${HTTP_SERVE:---dtype bfloat16 --max-model-len 2048 --max-num-seqs 512 --one-by-one --startup-timeout-s 240}"
       share=${HTTP_ENGINE_ARGS:---gpu-memory-utilization 0.15 --max-num-batched-tokens 16384}
       run="${SHORT[*]} --seed 21 --model $M --data $D --http-sync-check"
       n8="--n-samples-per-prompt 8 --global-batch-size 256" n16="--n-samples-per-prompt 16 --global-batch-size 512"
