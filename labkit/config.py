@@ -152,6 +152,12 @@ class RunConfig:
         600.0, "with --rollout-mode http: most seconds one answer's request may take, retries "
         "included; a request still open then is cancelled and the step fails", "rollout"
     )
+    http_sync_check: bool = _f(
+        False, "with --rollout-mode http: after every weight sync, ask each engine (by its own "
+        "URL) for its log-probs of a fixed answer and compare them with the trainer's and "
+        "with its own at the last sync (client/sync_check_*): every engine took the new weights",
+        "rollout"
+    )
     # ---------------------------------------------------------------- training
     global_batch_size: int = _f(
         256,
@@ -391,6 +397,10 @@ def check_config(cfg: RunConfig) -> None:
             "--rollout-mode http needs --router-url: start the engines with `labkit serve` and "
             "pass the URL it prints, e.g. --router-url http://127.0.0.1:8000"
         )
+    if cfg.http_sync_check and cfg.rollout_mode != "http":
+        raise ConfigError(
+            "--http-sync-check checks the weight sync to served engines: it needs --rollout-mode "
+            "http (a colocated engine's check is train/train_rollout_logprob_abs_diff)")
     if cfg.router_url and not str(cfg.router_url).startswith(("http://", "https://")):
         raise ConfigError(f"--router-url {cfg.router_url!r} must start with http:// or https://")
     if cfg.eps_clip_high < cfg.eps_clip:

@@ -196,6 +196,13 @@ def test_a_status_that_is_not_retried_fails_at_once(tmp_path):
     assert "not retried" in str(err)
 
 
+def test_a_routers_queue_timeout_is_retried(tmp_path):
+    """vllm-router's --max-concurrent-requests answers 408 to a request its queue held."""
+    answer, fake, lines = asyncio.run(post_once(Scripted([408, 408]), RetryPolicy(), tmp_path))
+    assert answer["choices"][0]["text"] == "ab" and fake.waits == [0.5, 1.0]
+    assert [x["status"] for x in lines if x["event"] == "fail"] == [408, 408]
+
+
 def test_connection_errors_are_retried(tmp_path):
     async def go():
         fake = FakeTime()

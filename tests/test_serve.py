@@ -99,6 +99,57 @@ def test_router_in_front_of_fake_engines_serves_an_http_engine(tmp_path):
     assert not any(alive(p) for p in pids)
 
 
+@pytest.mark.parametrize("one_by_one, order", [
+    (False, ["spawn engine0", "spawn engine1", "ready engine0", "ready engine1"]),
+    (True, ["spawn engine0", "ready engine0", "spawn engine1", "ready engine1"]),
+])
+def test_one_by_one_starts_each_engine_once_the_one_before_is_ready(tmp_path, monkeypatch,
+                                                                    one_by_one, order):
+    """Engines sharing a GPU: the second measures free memory only once the first holds its share."""
+    import labkit.serving.cluster as cluster_mod
+
+    seen = []
+    spawn, healthy = cluster_mod.spawn, cluster_mod.wait_healthy
+    monkeypatch.setattr(cluster_mod, "spawn", lambda name, *a: seen.append(f"spawn {name}") or spawn(name, *a))
+    monkeypatch.setattr(cluster_mod, "wait_healthy",
+                        lambda proc, t: (healthy(proc, t), seen.append(f"ready {proc.name}")))
+    cfg = fake_config(tmp_path, engines=2, router="none", one_by_one=one_by_one)
+    with Cluster(cfg):
+        pass
+    assert seen == order
+    assert serve_config(["--one-by-one"])[0].one_by_one is True
+
+
+HAS_ROUTER_MODULE = importlib.util.find_spec("vllm_router") is not None
+
+
+@pytest.mark.skipif(not HAS_ROUTER_MODULE, reason="vllm-router is not installed")
+def test_a_router_without_its_script_runs_as_this_pythons_module(tmp_path, monkeypatch):
+    """A wheel unpacked with `pip install --target` elsewhere (the lent GPU machine) has no
+    runnable vllm-router script: the router then starts as `python -m` and serves all the same."""
+    import labkit.serving.cluster as cluster_mod
+
+    monkeypatch.setattr(cluster_mod.shutil, "which", lambda *a, **k: None)
+    command = cluster_mod.router_binary("vllm-router")
+    assert command[0] == sys.executable and command[-2:] == ["-m", "vllm_router.launch_router"]
+    with Cluster(fake_config(tmp_path, engines=2)) as cluster:
+        engine = HttpEngine(cluster.url, max_open_requests=8)
+        out = engine.generate([[1, 2]], Sampling(n=4, max_tokens=3))
+        engine.close()
+        router_log = (cluster.log_dir / "router.log").read_text()
+    assert router_log.startswith(f"$ {sys.executable}") and "-m vllm_router.launch_router" in router_log
+    assert [len(c.token_ids) for c in out[0]] == [3, 3, 3, 3]
+
+
+def test_no_router_script_and_no_module_is_one_line_naming_the_fix(monkeypatch):
+    import labkit.serving.cluster as cluster_mod
+
+    monkeypatch.setattr(cluster_mod.shutil, "which", lambda *a, **k: None)
+    monkeypatch.setattr(cluster_mod.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ServeError, match="vllm-router not found; pip install vllm-router.*--router none"):
+        cluster_mod.router_binary("vllm-router")
+
+
 def test_an_engine_that_cannot_start_is_reported_and_nothing_is_left(tmp_path):
     cfg = fake_config(tmp_path, engines=2, router="none", engine_args=("--no-such-flag",))
     cluster = Cluster(cfg)

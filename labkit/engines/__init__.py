@@ -53,7 +53,8 @@ def make_engine(cfg: RunConfig, path: str, policy, tokenizer) -> Engine:
             cfg.router_url, max_open_requests=cfg.max_open_requests, tokenizer=tokenizer,
             watchdog=Watchdog(open_limit=cfg.max_open_requests),  # reports bursts, keeps going
             sync_dtype=pick_dtype(cfg.dtype, default_device()), retry=retry,
-            vocab_size=getattr(policy.config, "vocab_size", None))
+            vocab_size=getattr(policy.config, "vocab_size", None),
+            sync_check=cfg.http_sync_check)
         engine.update_weights(policy)  # the engines may have started from other weights
         return engine
     name = resolve_engine(cfg)

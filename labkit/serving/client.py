@@ -4,7 +4,7 @@ A rollout behind a router is hundreds of independent requests (the 16-answer rec
 32 x 16 = 512 at once). When the router finds no free engine it answers 503 Service
 Unavailable; the course's 16-answer run logged 22,357 such lines in bursts of up to 60 s
 and went on because its client retried. miles retries every 1 s, up to 60 times. This
-client retries 503s (and 429, 500, 502, 504, connection errors) with capped exponential backoff
+client retries 503s (and 408, 429, 500, 502, 504, connection errors) with capped exponential backoff
 and full jitter (AWS architecture blog, "Exponential Backoff And Jitter"): the delay before
 attempt k+1 is uniform in [0, min(cap, base * 2**(k-1))], so a burst does not make 512
 requests hit the router in lockstep, and retrying goes on for at least `deadline_s`
@@ -42,9 +42,12 @@ import aiohttp
 from labkit.engines.base import Completion, Sampling
 from labkit.errors import LabkitError
 
-# Transient answers: overload (429, 503) and upstream failures a router reports as 5xx
-# (vllm-router answers 500 when an engine timed out). Other 4xx are the request's fault.
-RETRY_STATUSES = (429, 500, 502, 503, 504)
+# Transient answers: overload (429, 503), upstream failures a router reports as 5xx
+# (vllm-router answers 500 when an engine timed out), and 408: vllm-router's own limit
+# (--max-concurrent-requests) answers it when a request waits in its queue, within a second
+# with vllm-router 0.1.17 (measured: benchmarks/bench_router_bursts.py). Other 4xx are the
+# request's fault.
+RETRY_STATUSES = (408, 429, 500, 502, 503, 504)
 # Plain-text bodies of the routers' 503s, mapped to the code sglang-router sends as JSON.
 KNOWN_BODIES = {"no available workers": "no_available_workers"}
 

@@ -21,6 +21,7 @@ trainer finds the engines through the router's `/list_workers`; `serve.json` lis
     labkit serve --engines 2 --port 8000              # vLLM engines, Ctrl-C stops all
     labkit serve --backend fake --engines 2 --duration 60
     labkit serve --dtype float32 --engine-args --enforce-eager --max-num-seqs 64   # last
+    labkit serve --one-by-one --engine-args --gpu-memory-utilization 0.15  # 2 on one GPU
 """
 
 from __future__ import annotations
@@ -90,6 +91,10 @@ class ServeConfig:
     fake_vocab_size: int = flag_field(1000, "fake engine: token ids are drawn below this")
     log_dir: str = flag_field("out/serve", "engine and router logs, and serve.json")
     startup_timeout_s: float = flag_field(900.0, "seconds an engine may take to answer /health")
+    one_by_one: bool = flag_field(
+        False, "start each engine once the one before is ready: engines that share a GPU then "
+        "do not measure its free memory while another one is taking some (vLLM's start-up "
+        "profiling) nor compile into the same cache at once")
     vllm_python: str | None = flag_field(None, "a Python that imports vllm (default: found)")
     env: dict = flag_field(dict, "extra environment for the engines", flag=False)
     # Last on the command line, and takes the rest of it: a value starting with "-" is not
@@ -125,7 +130,8 @@ class Cluster:
         self.stop()
 
     def start(self) -> Cluster:
-        """Check ports, start the engines, wait for their health, then the router."""
+        """Check ports, start the engines (all at once, or `one_by_one`), wait for their
+        health, then start the router."""
         c = self.cfg
         if c.engines < 1:
             raise ServeError(f"--engines must be >= 1, got {c.engines}")
@@ -144,10 +150,11 @@ class Cluster:
                 port = c.port + 1 + i
                 self._spawn(f"engine{i}", engine_command(c, port), f"http://{c.host}:{port}",
                             engine_env(c, i))
-            for p in list(self.procs):
-                wait_healthy(p, c.startup_timeout_s)
-                if c.backend == "vllm":
-                    warm_up(p, c.startup_timeout_s)
+                if c.one_by_one:
+                    self._ready(self.procs[-1])
+            if not c.one_by_one:
+                for p in list(self.procs):
+                    self._ready(p)
             if c.router != "none":
                 router = self._spawn("router", router_command(c, [p.url for p in self.procs]),
                                      f"http://{c.host}:{c.port}", {})
@@ -156,6 +163,12 @@ class Cluster:
             self.stop()
             raise
         return self
+
+    def _ready(self, proc: Proc) -> None:
+        """Wait for an engine's /health, then (vLLM) for its first completion."""
+        wait_healthy(proc, self.cfg.startup_timeout_s)
+        if self.cfg.backend == "vllm":
+            warm_up(proc, self.cfg.startup_timeout_s)
 
     def _spawn(self, name: str, cmd: list[str], url: str, env: dict) -> Proc:
         proc = spawn(name, cmd, url, env, self.log_dir / f"{name}.log")
@@ -266,20 +279,34 @@ def engine_env(cfg: ServeConfig, index: int) -> dict:
     return {**env, **cfg.env}
 
 
-def router_binary(name: str) -> str:
-    """The router executable: on PATH, or beside this Python (a venv's bin)."""
+# vllm-router's Python entry point: `python -m` runs it where its console script cannot (a
+# wheel unpacked with `pip install --target` on another machine: the script's #! line names
+# the Python that unpacked it)
+ROUTER_MODULES = {"vllm-router": "vllm_router.launch_router"}
+
+
+def router_binary(name: str) -> list[str]:
+    """The router's command: its executable on PATH or beside this Python (a venv's bin),
+    else this Python running its module (ROUTER_MODULES) when that is importable."""
     found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
-    if not found:
-        raise ServeError(f"{name} not found; pip install {name} (a Rust load balancer on PyPI), "
-                         f"or pass --router none to use one engine directly")
-    return found
+    if found:
+        return [found]
+    module = ROUTER_MODULES.get(name)
+    try:
+        importable = module is not None and importlib.util.find_spec(module) is not None
+    except ImportError:  # its package is missing
+        importable = False
+    if importable:
+        return [*isolated(sys.executable), "-m", module]
+    raise ServeError(f"{name} not found; pip install {name} (a Rust load balancer on PyPI), "
+                     f"or pass --router none to use one engine directly")
 
 
 def router_command(cfg: ServeConfig, worker_urls: list[str]) -> list[str]:
     """vllm-router on cfg.port in front of `worker_urls`, metrics on port+K+1."""
     if cfg.router != "vllm-router":
         raise ServeError(f"--router {cfg.router!r} is not valid; valid: vllm-router, none")
-    return [router_binary(cfg.router), "--host", cfg.host, "--port", str(cfg.port),
+    return [*router_binary(cfg.router), "--host", cfg.host, "--port", str(cfg.port),
             "--worker-urls", *worker_urls, "--policy", "round_robin",
             "--prometheus-host", cfg.host, "--prometheus-port", str(cfg.port + cfg.engines + 1),
             *(SHED_LOAD_ROUTER_ARGS if cfg.shed_load else ()), *cfg.router_args]

@@ -26,6 +26,16 @@
 #   alone24         one run alone, plain update at 24,576 tokens a micro-batch
 #   lessons         the three lessons in a Jupyter kernel each (scripts/gpu/lessons.py), the gpu
 #                   profile, lesson 1.3's rerun cell stopped once and run again
+#   http2           the recipe through `labkit serve`: 2 vLLM engines on this GPU (a share of its
+#                   memory each, started one by one) behind vllm-router, then `labkit launch
+#                   --rollout-mode http --http-sync-check` at 32 x 8 and at 32 x 16 (512 requests
+#                   open), STEPS steps each, no evaluation (scripts/gpu/http_run.sh); the
+#                   colocated baseline is `alone` (and `alone16` at 32 x 16)
+#   http1, http1d   the same with one engine behind the router, and one engine used directly
+#                   (--router none); 32 x 8 only
+#   burst503        503 bursts with 512 requests open over a matrix of settings (open-request
+#                   limit, the router's limits, the engines' --max-num-seqs, one engine paused
+#                   by weight syncs): benchmarks/bench_router_bursts.py, one JSON row a setting
 # session.sh starts it detached (setsid) so it outlives the 10-minute calls; logs go to
 # $SOLO/logs, run folders to $SOLO/runs; `session.sh collect` brings them back.
 #   GPU=0 SOLO=$HOME/solo M=model.gguf D=gsm8k-folder R=$HOME/runs bash scripts/gpu/solo.sh
@@ -112,6 +122,30 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
     lesson_sweep) job lesson_sweep 600 python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
       --seed "${LESSON_SEED:-11}" --lr 1e-6 --engine vllm --save-interval -1 --no-progress --model "$M" --data "$D" \
       --output-dir "$SOLO/runs" --run-name lesson ;;
+    alone16) job alone16 300 python -m labkit launch "${SHORT[@]}" --n-samples-per-prompt 16 \
+      --global-batch-size 512 --seed 21 --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name alone16 ;;
+    http2|http1|http1d|burst503)
+      if [ -f "$L/serve-failed" ]; then say "$j skipped: an earlier job's engines did not come up"; continue; fi ;;&
+    http2|http1|http1d)
+      # HTTP_SERVE: the engines' flags (their share of the GPU: vLLM checks at start that the
+      # share is free, and --one-by-one lets each profile the memory alone); HTTP_EXTRA goes
+      # last on each launch's line (a rehearsal's smaller batch)
+      serve="--model $M ${HTTP_SERVE:---dtype bfloat16 --max-model-len 2048 --max-num-seqs 512 --one-by-one --startup-timeout-s 240}"
+      share=${HTTP_ENGINE_ARGS:---gpu-memory-utilization 0.15 --max-num-batched-tokens 16384}
+      run="${SHORT[*]} --seed 21 --model $M --data $D --http-sync-check"
+      n8="--n-samples-per-prompt 8 --global-batch-size 256" n16="--n-samples-per-prompt 16 --global-batch-size 512"
+      case $j in
+        http2) job http2 540 bash scripts/gpu/http_run.sh http2 "--engines 2 --port 8100 $serve --engine-args $share" \
+          http2-n8 "$run $n8 ${HTTP_EXTRA:-}" http2-n16 "$run $n16 ${HTTP_EXTRA:-}" ;;
+        http1) job http1 360 bash scripts/gpu/http_run.sh http1 "--engines 1 --port 8110 $serve --engine-args ${share/0.15/0.3}" \
+          http1-n8 "$run $n8 ${HTTP_EXTRA:-}" ;;
+        http1d) job http1d 360 bash scripts/gpu/http_run.sh http1d "--engines 1 --router none --port 8120 $serve --engine-args ${share/0.15/0.3}" \
+          http1d-n8 "$run $n8 ${HTTP_EXTRA:-}" ;;
+      esac
+      [ -f "$L/$j-serve/serve.pid" ] && kill -TERM "$(cat "$L/$j-serve/serve.pid")" 2>/dev/null && sleep 30
+      rm -f "$L/$j-serve/serve.pid" ;;
+    burst503) job burst503 "${BURST_LIMIT:-780}" python benchmarks/bench_router_bursts.py --model "$M" --data "$D" \
+      --out "$L/burst503.jsonl" --logs "$L/burst503" ${BURST_ARGS:-} ;;
     *) say "unknown job $j" ;;
   esac
 done
