@@ -23,10 +23,10 @@ import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from labkit.analysis.runframe import REWARD
 from labkit.run.log import METRICS, read_jsonl
 from labkit.run.metrics import STEP
 
-REWARD = "rollout/raw_reward"
 EVERY_S = 5.0  # the least time between two redraws
 
 
