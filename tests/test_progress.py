@@ -221,3 +221,98 @@ def test_a_stopped_bar_names_the_notebooks_way_to_resume_in_a_kernel(monkeypatch
     assert bar.postfixes[-1] == "stopped (signal) before step 1; resume=run.dir continues"
     monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: None))
     assert not labkit.run.progress.in_notebook()  # IPython in a terminal
+
+
+class Drawn(Bar):
+    """A bar that counts its redraws (the words set, the clock redrawn)."""
+
+    def __init__(self):
+        super().__init__()
+        self.refreshes = 0
+
+    def refresh(self):
+        self.refreshes += 1
+
+
+def simulate(progress, clock, seconds, report_s=0.1, tick_s=1.0):
+    """Drive a rollout for `seconds` of the fake clock: the engine reports every `report_s`,
+    the timer ticks every `tick_s` (as the engine and the timer thread would)."""
+    progress.generating(0, 8, 0)
+    ticks, end, n = 0, clock.now + seconds, 0
+    while clock.now < end:
+        clock.now += report_s
+        n += 1
+        progress.generating(0, 8, n)
+        if clock.now >= progress.opened + (ticks + 1) * tick_s:
+            ticks += 1
+            progress.tick()
+
+
+def test_a_notebook_bar_redraws_as_the_log_of_the_run_s_length():
+    """nbval holds a cell's messages until it ends, and drops those past a few thousand, the
+    cell's end among them: a notebook bar's redraws must not grow with the run's length."""
+    counts = {}
+    for hours in (1 / 6, 2.0):
+        clock, bar = Clock(), Drawn()
+        progress = StepProgress(3, 0, bar=bar, max_tokens=32, clock=clock, refresh_s=None, notebook=True)
+        simulate(progress, clock, hours * 3600)
+        counts[hours] = len(bar.postfixes) + bar.refreshes
+    assert counts[1 / 6] <= 250 and counts[2.0] <= 500, counts
+    assert counts[2.0] < 2.5 * counts[1 / 6], counts  # twelve times as long, not twelve times the redraws
+
+
+def test_a_terminal_bar_keeps_its_clock_and_counts_live():
+    clock, bar = Clock(), Drawn()
+    progress = StepProgress(3, 0, bar=bar, max_tokens=32, clock=clock, refresh_s=None)
+    assert not progress.notebook  # a stand-in bar is not tqdm's notebook widget
+    simulate(progress, clock, 600)
+    assert bar.refreshes >= 599 and len(bar.postfixes) >= 1100  # a tick a second, counts every 0.5 s
+
+
+def test_the_notebook_widget_is_paced_as_a_notebook_s():
+    progress = StepProgress(3, 0, bar=notebook_bar(), refresh_s=None)
+    assert progress.notebook
+    progress.close()
+
+
+NOTEBOOK_RUN = """\
+import labkit.run.progress as progress
+
+class Clock:
+    now = 0.0
+    def __call__(self):
+        return self.now
+
+clock = Clock()
+run = progress.StepProgress(3, 0, max_tokens=512, clock=clock, refresh_s=None)  # tqdm.auto's widget
+run.generating(0, 8, 0)
+for n in range(1, {reports}):  # three hours of a rollout, an engine report every 0.1 s
+    clock.now += 0.1
+    run.generating(0, 8, n)
+    if n % 10 == 0:
+        run.tick()
+run.close("signal")
+print("ran to the end")
+"""
+
+
+def test_nbval_grades_a_cell_that_ran_for_hours_in_a_notebook(tmp_path):
+    """The real thing: tqdm's notebook widget in a kernel, under nbval, a three-hour rollout on
+    a fake clock (a bar redrawn at a terminal's pace sends some 20,000 messages: nbval loses the
+    cell's end and fails it with 'Timeout of 5 seconds exceeded waiting for output')."""
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("nbval")
+    pytest.importorskip("ipywidgets")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cell = nbformat.v4.new_code_cell("# NBVAL_IGNORE_OUTPUT\n" + NOTEBOOK_RUN.format(reports=3 * 36000))
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell]), tmp_path / "hours.ipynb")
+    repo = Path(__file__).resolve().parents[1]
+    env = {**__import__("os").environ, "PYTHONPATH": str(repo)}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "--nbval", "--nbval-current-env",
+                             "hours.ipynb", "-p", "no:cacheprovider"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "1 passed" in result.stdout

@@ -373,3 +373,21 @@ def test_runs_that_share_a_gpu_get_expandable_segments_unless_the_user_chose(tin
     monkeypatch.setattr(sweep, "_on_gpu", lambda cfg: False)
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
     assert sweep._allocator(shared) == {}
+
+
+def test_the_board_redraws_a_bar_only_when_its_words_change():
+    """The board asks every second: a run waiting for a GPU for an hour would otherwise be
+    3,600 redraws, each a message a grader (nbval) holds until the cell ends."""
+    import io
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=3, file=io.StringIO())
+    said = []
+    real = bar.set_postfix_str
+    bar.set_postfix_str = lambda text, refresh=True: (said.append(text), real(text, refresh))
+    for _ in range(5):
+        sweep._say_on(bar, "waiting for a GPU")
+    sweep._say_on(bar, "reward 0.250")
+    assert said == ["waiting for a GPU", "reward 0.250"]
+    bar.close()

@@ -20,6 +20,18 @@ now says the load: labkit.machine.cpuload), with a clock that stood still for mi
 phase. So a timer thread redraws the bar every second (its clock runs while a phase does),
 and a run that stops cleanly (a signal, the time limit) closes it as stopped, not as failed
 (red in a notebook).
+
+In a notebook every redraw that changes the bar's text is a message from the kernel to the
+browser, and a grader does not read them while a cell runs: nbval reads a cell's messages
+only when it has ended, and past a few thousand queued (1,000 at each end of the kernel's
+output socket, then what the connection holds) the rest are dropped, the cell's end among
+them, and nbval fails the cell ("Timeout of 5 seconds exceeded waiting for output"). The
+clock redrawn every second and the counts every half second made up to 2,700 in a 15-minute
+cell. So a notebook bar redraws its clock and the counts at most every NOTEBOOK_GAP_S
+seconds or NOTEBOOK_GAP_SHARE of its age, whichever is longer: about 270 redraws in 20
+minutes, 450 in two hours, growing as the log of a run's length (the redraws a phase or a
+step starts or ends come on top, a few a step). A terminal's bar keeps its every_s and
+refresh_s.
 """
 
 from __future__ import annotations
@@ -33,6 +45,8 @@ import torch
 from labkit.run.metrics import STEP
 
 CLEAN_STOPS = ("completed", "signal", "time_limit", "requested")  # not a failure: no red bar
+NOTEBOOK_GAP_S = 2.0  # a notebook bar's least time between two redraws of its clock or counts,
+NOTEBOOK_GAP_SHARE = 0.01  # and at least this share of the bar's age
 
 
 class StepProgress:
@@ -43,12 +57,13 @@ class StepProgress:
     rollout (for "8/8 answers" in the update). `max_tokens`: the most tokens an answer may
     have (for the bound on the time left). `every_s`: the least time between two redraws
     with new text; `refresh_s`: how often the timer thread redraws the clock (None: no
-    thread). `bar`: a tqdm-like bar to draw on (default: a new tqdm.auto bar).
+    thread). `bar`: a tqdm-like bar to draw on (default: a new tqdm.auto bar). `notebook`:
+    pace the redraws as a notebook's (None: when `bar` is tqdm's notebook widget).
     """
 
     def __init__(self, total: int, initial: int, *, engine=None, policy=None, samples: int = 0,
                  max_tokens: int = 0, every_s: float = 0.5, refresh_s: float | None = 1.0,
-                 clock=time.monotonic, bar=None):
+                 clock=time.monotonic, bar=None, notebook: bool | None = None):
         if bar is None:
             from tqdm.auto import tqdm
 
@@ -57,6 +72,8 @@ class StepProgress:
         self.bar, self.step, self.samples, self.max_tokens = bar, initial, samples, max_tokens
         self.phase, self.passes, self.rows, self.evaluation = "", 0, 0, False
         self.every_s, self.clock, self._shown, self.began = every_s, clock, float("-inf"), clock()
+        self.notebook = is_notebook_bar(bar) if notebook is None else bool(notebook)
+        self.opened = clock()
         self.engine = engine
         if engine is not None:
             engine.progress = self.generating
@@ -92,10 +109,17 @@ class StepProgress:
         of = f"/{self.samples}" if self.samples else ""
         self._set("update", f"micro-batch {self.passes}, {self.rows}{of} answers")
 
+    def gap(self) -> float:
+        """The least seconds between two redraws that move only the clock or a phase's counts
+        (a notebook's bar: the longer of NOTEBOOK_GAP_S and NOTEBOOK_GAP_SHARE of its age)."""
+        if not self.notebook:
+            return self.every_s
+        return max(NOTEBOOK_GAP_S, self.every_s, NOTEBOOK_GAP_SHARE * (self.clock() - self.opened))
+
     def _set(self, phase: str, text: str, now: bool = False) -> None:
         changed = phase != self.phase
         self.phase = phase
-        if changed or now or self.clock() - self._shown >= self.every_s:
+        if changed or now or self.clock() - self._shown >= self.gap():
             self._shown = self.clock()
             where = (f"step {self.step} {phase}" if phase != "eval" else "eval before step 0"
                      if self.step == 0 else f"eval after step {self.step - 1}")
@@ -117,11 +141,20 @@ class StepProgress:
         """One line above the bar (a print would run into it)."""
         self.bar.write(line)
 
+    def tick(self) -> None:
+        """The timer's redraw of the bar's clock (a notebook's bar: once gap() has passed
+        since its last redraw)."""
+        if self.notebook:
+            if self.clock() - self._shown < self.gap():
+                return
+            self._shown = self.clock()
+        self.bar.refresh()
+
     def _redraw(self, every_s: float) -> None:
-        """The timer thread: redraw the bar (its clock) until close()."""
+        """The timer thread: tick every `every_s` seconds until close()."""
         while not self._stop.wait(every_s):
             try:
-                self.bar.refresh()
+                self.tick()
             except Exception:  # a bar torn down under us: nothing left to draw
                 return
 
@@ -152,8 +185,13 @@ class StepProgress:
                                      f"{'resume=run.dir' if in_notebook() else '--resume'} "
                                      f"continues")
         self.bar.close()
-        if clean and short and hasattr(self.bar, "container"):  # the notebook widget
+        if clean and short and is_notebook_bar(self.bar):
             self.bar.disp(bar_style="info", check_delay=False)
+
+
+def is_notebook_bar(bar) -> bool:
+    """True for tqdm's notebook widget (what tqdm.auto makes in a Jupyter kernel)."""
+    return hasattr(bar, "container") and hasattr(bar, "disp")
 
 
 def in_notebook() -> bool:
