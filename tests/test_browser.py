@@ -1,5 +1,6 @@
 """Students' copies of lessons 1.2 and 1.1 in JupyterLab, in a real browser: Run All runs every
-cell, and a stop pressed during 1.1's launch leaves a run that resumes.
+cell, a stop pressed during 1.1's launch leaves a run that resumes, and the rerun cell's live
+figure grows as runs log steps.
 
 What a student does first: open the lesson, Run > Run All Cells, read. This test does the
 same in headless Chromium (Debian's `chromium`, driven by Playwright's Python package; no
@@ -13,8 +14,11 @@ text). Lesson 1.2: every code cell ran, the plots came out as PNG images, and ea
 exercise's check printed its not-yet line (a check cell never stops Run All). Lesson 1.1:
 Kernel > Interrupt Kernel (the ■ button) once the launch cell's run has logged a step; the
 run stops after its step with a checkpoint, Run All goes on to the last cell, and
-`labkit launch --resume` continues the run with each step logged once. A screenshot of the
-page is kept in the test's temporary folder, and in $LABKIT_SCREENSHOTS when set.
+`labkit launch --resume` continues the run with each step logged once. The live figure
+(labkit.course.live, lesson 1.3's rerun cell) over two stand-in runs that log a step every
+1.5 s: each image the cell shows is read off as the figure of so many steps, and they grow.
+A screenshot of the page is kept in the test's temporary folder, and in $LABKIT_SCREENSHOTS
+when set.
 
 Skipped, with the reason, without chromium, playwright or JupyterLab: `pytest -q` alone
 skips it. `.ci/run` installs both and sets LABKIT_REQUIRE_BROWSER, which turns the skip into
@@ -92,8 +96,10 @@ def _write_settings(folder: Path) -> None:
 def lab(tmp_path, request):
     """(base URL, token, notebook path) of a JupyterLab serving a students' copy of the lesson
     (lesson 1.2, or the one a test names with `@pytest.mark.parametrize("lab", [NAME],
-    indirect=True)`), in the folder `tmp_path / "lab"`."""
+    indirect=True)`, or a notebook of the test's own given as (NAME, TEXT)), in the folder
+    `tmp_path / "lab"`."""
     lesson = getattr(request, "param", LESSON)
+    lesson, text = lesson if isinstance(lesson, tuple) else (lesson, None)
     missing = _missing()
     if missing and os.environ.get("LABKIT_REQUIRE_BROWSER"):
         pytest.fail(f"LABKIT_REQUIRE_BROWSER is set, but: {missing}")
@@ -107,7 +113,7 @@ def lab(tmp_path, request):
     for folder in ("labkit", "data"):
         (root / folder).symlink_to(REPO / folder, target_is_directory=True)
     home.mkdir()
-    (root / "notebooks" / lesson).write_text(fresh_copy(name=lesson), encoding="utf-8")
+    (root / "notebooks" / lesson).write_text(text or fresh_copy(name=lesson), encoding="utf-8")
     _write_settings(tmp_path / "settings")
     port, token = _free_port(), "labkit-browser-test"
     env = {k: v for k, v in os.environ.items()
@@ -288,6 +294,94 @@ def test_a_stop_in_lesson_1_1s_launch_cell_leaves_a_run_that_resumes(lab, tmp_pa
     steps = [json.loads(line)["rollout/step"] for line in
              (launched / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert steps == list(range(last + 2))  # each step once: the stopped ones, then one more
+
+
+def live_reward(step, i):
+    """The made-up reward of run `i` at `step` (an expression, for the cell; a value, here)."""
+    return f"0.1 + 0.1 * {step} + 0.05 * {i}" if isinstance(step, str) else 0.1 + 0.1 * step + 0.05 * i
+
+
+LIVE_STEPS = 6
+LIVE_RUNS = ["2 answers", "8 answers"]
+# two runs that log a step every 1.5 s (what launch_many's runs do, minutes apart), drawn by
+# the rerun cell's live figure, redrawn at most every 0.5 s
+LIVE_CELL = f"""\
+import json, threading, time
+from pathlib import Path
+
+import labkit.course.live
+
+folders = [Path("live-runs") / name for name in {LIVE_RUNS!r}]
+for folder in folders:
+    folder.mkdir(parents=True, exist_ok=True)
+
+def log_steps():
+    for step in range({LIVE_STEPS}):
+        time.sleep(1.5)
+        for i, folder in enumerate(folders):
+            row = {{"rollout/step": step, "rollout/raw_reward": {live_reward("step", "i")}}}
+            with open(folder / "metrics.jsonl", "a") as out:
+                out.write(json.dumps(row) + "\\n")
+
+runs = threading.Thread(target=log_steps)
+with labkit.course.live.LiveCurves(folders, every_s=0.5, steps={LIVE_STEPS}):
+    runs.start()
+    runs.join()
+"""
+
+
+def live_figures() -> dict[bytes, int]:
+    """Every PNG the live figure can show for the cell's runs -> the steps it draws: the
+    figure drawn here, by the same code, for each count of logged steps."""
+    import io
+
+    import labkit.course.live as live
+
+    figures = {}
+    for logged in range(2 * LIVE_STEPS + 1):
+        curves = live.LiveCurves([Path(name) for name in LIVE_RUNS], steps=LIVE_STEPS)
+        for i, name in enumerate(LIVE_RUNS):  # run 0 logs a step before run 1 does
+            steps = (logged + 1 - i) // 2
+            curves._rewards[Path(name)] = [(s, live_reward(s, i)) for s in range(steps)]
+        png = io.BytesIO()
+        curves.figure().savefig(png, format="png", dpi=100)
+        figures[png.getvalue()] = logged
+    return figures
+
+
+@pytest.mark.parametrize("lab", [("live_curves.ipynb", json.dumps({
+    "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+               "source": LIVE_CELL}],
+    "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
+                                "name": "python3"}},
+    "nbformat": 4, "nbformat_minor": 5}))], indirect=True)
+def test_the_live_figure_grows_in_the_cell_while_the_runs_log_steps(lab, tmp_path):
+    """The rerun cell's figure in JupyterLab: while the cell runs, the image in its output is
+    redrawn with more steps each time, and ends with every step; read off each image by the
+    figure this test draws for that many steps."""
+    import base64
+
+    figures = live_figures()
+    seen: list[int] = []
+    with _lesson_page(lab) as page:
+        _menu(page, "Run", "Run All Cells")
+        end = time.monotonic() + 120  # the cell takes ~9 s
+        while time.monotonic() < end:
+            srcs = page.eval_on_selector_all(".jp-OutputArea-output img",
+                                             "nodes => nodes.map(n => n.getAttribute('src'))")
+            for src in srcs:
+                png = base64.b64decode(src.split(",", 1)[1])
+                logged = figures.get(png, -1)
+                if not seen or seen[-1] != logged:
+                    seen.append(logged)
+            if _prompts(page) == ["[1]:"]:
+                break
+            page.wait_for_timeout(100)
+        page.screenshot(path=str(tmp_path / "live-figure.png"), full_page=True)
+        _keep_screenshot(tmp_path / "live-figure.png")
+    assert -1 not in seen, f"an image that is not the figure of any count of steps: {seen}"
+    assert seen == sorted(seen) and seen[-1] == 2 * LIVE_STEPS, seen
+    assert len(seen) >= 4, f"the figure was not redrawn as steps came: {seen}"
 
 
 def notebook_steps(run_dir: Path) -> int:
