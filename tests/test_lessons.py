@@ -10,6 +10,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
 
@@ -158,3 +160,31 @@ def test_every_code_cell_of_the_lessons_was_run_and_saved_in_order():
     for path in sorted(NOTEBOOKS.glob("0*.ipynb")):
         counts = [c["execution_count"] for c in cells(path.name) if c["cell_type"] == "code"]
         assert counts == list(range(1, len(counts) + 1)), (path.name, counts)
+
+
+def saved_table(name: str, source: str) -> list[list[str]]:
+    """The rows of the table (pandas' text) a lesson's code cell containing `source` shows in
+    its saved output."""
+    cell = next(c for c in cells(name) if c["cell_type"] == "code" and source in text(c))
+    shown = next("".join(o["data"]["text/plain"]) for o in cell["outputs"]
+                 if o.get("output_type") == "execute_result")
+    return [line.split() for line in shown.splitlines()[1:]]
+
+
+@pytest.mark.slow
+def test_lesson_1_1_s_saved_run_is_what_the_code_gives(tmp_path, monkeypatch):
+    """The rewards lesson 1.1 shows for its short run (the stop-and-resume cell's table: 3
+    steps of the cpu profile, the same as the first 3 of the launch cell's run) are what this
+    code gives, to the digits shown: a change that moves a run's numbers fails here until
+    the lesson is executed again, so a student's run reproduces the page."""
+    import labkit
+    from labkit.course import profiles
+
+    saved = {int(step): float(reward) for _, step, reward in
+             saved_table("01_launcher.ipynb", 'resumed.metrics[["rollout/step", "rollout/raw_reward"]]')}
+    assert sorted(saved) == [0, 1, 2], saved
+    monkeypatch.setenv("LABKIT_PROFILE", "cpu")
+    run = labkit.launch(profiles.config("cpu", output_dir=str(tmp_path)).replace(num_rollout=3))
+    labkit.close()
+    now = dict(zip(run.metrics["rollout/step"], run.metrics["rollout/raw_reward"]))
+    assert {step: round(reward, 5) for step, reward in now.items()} == saved
