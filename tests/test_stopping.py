@@ -278,7 +278,9 @@ def test_second_sigterm_interrupts_the_step_at_once(tmp_path):
 
 
 def test_sighup_from_a_closed_session_stops_like_sigterm(tmp_path):
-    proc = start_loop(tmp_path)
+    # started as from a terminal's session, SIGHUP at its default: under `nohup` (this test's
+    # own runner may be) the loop would inherit it ignored and rightly keep it so
+    proc = start_loop(tmp_path, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         read_until(proc, "start 0")
         proc.send_signal(signal.SIGHUP)
