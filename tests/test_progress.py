@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -303,14 +308,10 @@ def test_nbval_grades_a_cell_that_ran_for_hours_in_a_notebook(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     pytest.importorskip("nbval")
     pytest.importorskip("ipywidgets")
-    import subprocess
-    import sys
-    from pathlib import Path
-
     cell = nbformat.v4.new_code_cell("# NBVAL_IGNORE_OUTPUT\n" + NOTEBOOK_RUN.format(reports=3 * 36000))
     nbformat.write(nbformat.v4.new_notebook(cells=[cell]), tmp_path / "hours.ipynb")
     repo = Path(__file__).resolve().parents[1]
-    env = {**__import__("os").environ, "PYTHONPATH": str(repo)}
+    env = {**os.environ, "PYTHONPATH": str(repo)}
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "--nbval", "--nbval-current-env",
                              "hours.ipynb", "-p", "no:cacheprovider"], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=600)
