@@ -25,7 +25,8 @@
 #                   8 GiB KV cache, no sleep mode (its whole-GPU memory is what one run needs)
 #   alone24         one run alone, plain update at 24,576 tokens a micro-batch
 #   lessons         the three lessons in a Jupyter kernel each (scripts/gpu/lessons.py), the gpu
-#                   profile, lesson 1.3's rerun cell stopped once and run again
+#                   profile, lesson 1.3's rerun cell stopped once and run again (LESSONS: which
+#                   notebooks, in order; default all three); then the light files of their runs
 #   http2           the recipe through `labkit serve`: 2 vLLM engines on this GPU (a share of its
 #                   memory each, started one by one) behind vllm-router, then `labkit launch
 #                   --rollout-mode http --http-sync-check` at 32 x 8 and at 32 x 16 (512 requests
@@ -108,7 +109,10 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
     alone) job alone 300 python -m labkit launch "${SHORT[@]}" --seed 21 --model "$M" --data "$D" \
       --output-dir "$SOLO/runs" --run-name alone ;;
     lessons) job lessons 1700 env LABKIT_PROFILE=gpu LABKIT_MODEL="$M" LABKIT_DATA="$D" \
-      python scripts/gpu/lessons.py --out "$L/lessons" --stop-after "${LESSON_STOP_AFTER:-120}" ;;
+      python scripts/gpu/lessons.py --out "$L/lessons" --stop-after "${LESSON_STOP_AFTER:-120}" ${LESSONS:-}
+      for r in runs/*/; do  # the lessons' own runs (the repository's runs/): their light files
+        [ -d "$r" ] && mkdir -p "$L/lessons/runs/$(basename "$r")" && cp "$r"/*.json "$r"/*.jsonl "$L/lessons/runs/$(basename "$r")/" 2>/dev/null
+      done ;;
     alone_lean) job alone_lean 300 python -m labkit launch "${SHORT[@]}" --seed 21 --model "$M" --data "$D" \
       --output-dir "$SOLO/runs" --run-name alone-lean --gradient-checkpointing --max-tokens-per-gpu 24576 \
       --rollout-kv-cache-gb 8 --no-rollout-sleep ;;
