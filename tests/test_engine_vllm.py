@@ -252,6 +252,7 @@ def test_one_recipe_step_end_to_end_with_vllm(engine, tmp_path):
     from labkit.trainer import train
 
     cfg = RunConfig.preset("cpu", engine="vllm", num_rollout=1, rollout_max_response_len=16,
+                           n_samples_per_prompt=4, global_batch_size=16,
                            output_dir=str(tmp_path), progress=False)
     run = train(cfg, engine=engine)  # the shared engine: one in-process vLLM per process
     row = run.metrics.iloc[0]

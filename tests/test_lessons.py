@@ -7,6 +7,7 @@ narration to what a student needs at the place they need it, and the set-up to o
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -171,8 +172,20 @@ def saved_table(name: str, source: str) -> list[list[str]]:
     return [line.split() for line in shown.splitlines()[1:]]
 
 
+@pytest.fixture
+def cores():
+    """The machine's cores for a test that runs the real embedded model (the suite keeps
+    torch to one thread, which suits tiny models; a lesson's run took twice as long on one)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.mark.slow
-def test_lesson_1_1_s_saved_run_is_what_the_code_gives(tmp_path, monkeypatch):
+def test_lesson_1_1_s_saved_run_is_what_the_code_gives(tmp_path, monkeypatch, cores):
     """The rewards lesson 1.1 shows for its short run (the stop-and-resume cell's table: 3
     steps of the cpu profile, the same as the first 3 of the launch cell's run) are what this
     code gives, to the digits shown: a change that moves a run's numbers fails here until
@@ -180,11 +193,72 @@ def test_lesson_1_1_s_saved_run_is_what_the_code_gives(tmp_path, monkeypatch):
     import labkit
     from labkit.course import profiles
 
-    saved = {int(step): float(reward) for _, step, reward in
+    saved = {int(step): reward for _, step, reward in
              saved_table("01_launcher.ipynb", 'resumed.metrics[["rollout/step", "rollout/raw_reward"]]')}
     assert sorted(saved) == [0, 1, 2], saved
     monkeypatch.setenv("LABKIT_PROFILE", "cpu")
     run = labkit.launch(profiles.config("cpu", output_dir=str(tmp_path)).replace(num_rollout=3))
     labkit.close()
     now = dict(zip(run.metrics["rollout/step"], run.metrics["rollout/raw_reward"]))
-    assert {step: round(reward, 5) for step, reward in now.items()} == saved
+    shown = {step: round(now[step], len(digits.split(".")[1])) for step, digits in saved.items()}
+    assert shown == {step: float(digits) for step, digits in saved.items()}
+
+
+def saved_text(name: str, source: str) -> str:
+    """The text (pandas' plain text) a lesson's code cell containing `source` shows as its result."""
+    cell = next(c for c in cells(name) if c["cell_type"] == "code" and source in text(c))
+    return next("".join(o["data"]["text/plain"]) for o in cell["outputs"]
+                if o.get("output_type") == "execute_result")
+
+
+def pandas_rows(shown: str) -> dict[str, dict[str, str]]:
+    """{index: {column: value}} from pandas' text of a frame with one-word labels, also when
+    pandas wrapped its columns into blocks (each block: a header line, the index's name, rows)."""
+    rows: dict[str, dict[str, str]] = {}
+    for block in shown.strip().split("\n\n"):
+        lines = block.splitlines()
+        header = [h for h in lines[0].split() if h != "\\"]
+        for line in lines[1:]:
+            tokens = [t for t in line.split() if t != "\\"]
+            if len(tokens) > 1:
+                rows.setdefault(tokens[0], {}).update(zip(header, tokens[1:]))
+    return rows
+
+
+RISE_TABLE = 'rise.drop(columns=["run", "seed"]).set_index("group_size").round(3)'
+
+
+def test_lesson_1_3_s_saved_8_answer_rerun_is_lesson_1_1_s_saved_run():
+    """On the cpu profile the rerun cell's 8-answer run is the profile's own run (the cpu
+    preset takes 8 answers), so the rise table lesson 1.3 shows for it must read what lesson
+    1.1 shows for its launch: the same mean reward over the first and the last 4 steps, and
+    the same rise of the share of answers right. Outputs of one lesson executed with older
+    code than the other's differ here."""
+    from labkit.config import PRESETS
+
+    assert PRESETS["cpu"]["n_samples_per_prompt"] == 8
+    eight = pandas_rows(saved_text("03_group_size.ipynb", RISE_TABLE))["8"]
+    parts = {line.split()[0]: [float(v) for v in line.split()[-3:]]
+             for line in saved_text("01_launcher.ipynb", "reward_parts(run.metrics)").splitlines()
+             if line.startswith(("first", "last"))}
+    assert (float(eight["start"]), float(eight["end"])) == (parts["first"][0], parts["last"][0])
+    assert float(eight["right_rise"]) == pytest.approx(parts["last"][1] - parts["first"][1], abs=1e-3)
+
+
+@pytest.mark.slow
+def test_lesson_1_3_s_saved_2_answer_rerun_is_what_the_code_gives(tmp_path, monkeypatch, cores):
+    """The 2-answer run of lesson 1.3's saved rise table starts (its mean reward over steps
+    0-3, the early window of 12 steps) where this code's run of the same config does, to the
+    digits shown: a change that moves the reruns' numbers fails here until lesson 1.3 is
+    executed again."""
+    import labkit
+    from labkit.course import profiles
+
+    saved = pandas_rows(saved_text("03_group_size.ipynb", RISE_TABLE))["2"]
+    assert saved["status"] == "completed" and saved["steps"] == "12"
+    monkeypatch.setenv("LABKIT_PROFILE", "cpu")
+    two = profiles.rerun_configs("cpu", answers=(2,))[0]
+    run = labkit.launch(two.replace(output_dir=str(tmp_path), num_rollout=4))
+    labkit.close()
+    assert list(run.metrics["rollout/step"]) == [0, 1, 2, 3]
+    assert round(float(run.metrics["rollout/raw_reward"].mean()), 3) == float(saved["start"])

@@ -19,10 +19,15 @@ tornado==6.6.1 comm==0.2.3 debugpy==1.8.22 matplotlib-inline==0.2.2 nest-asyncio
 fastjsonschema==2.22.3 jedi==0.20.1 parso==0.8.7 prompt_toolkit==3.0.53 stack-data==0.6.3
 executing==2.3.0 asttokens==3.0.2 pure_eval==0.2.4 pexpect==4.9.0 ptyprocess==0.7.0
 wcwidth==0.9.4 platformdirs==4.14.9 ipython_pygments_lexers==1.1.1 ipywidgets==8.1.9
-widgetsnbextension==4.0.16 jupyterlab_widgets==3.0.17 (pyzmq, jsonschema, referencing and
-rpds-py come with vLLM's). The lessons read data/ (our runs, the incident) and the runner
-copies notebooks/ beside it: with those in the working tree (about 20 MB), prepare the
-chunks smaller (CHUNK=38M) so that every call stays within what one carries.
+widgetsnbextension==4.0.16 jupyterlab_widgets==3.0.17 Pygments==2.21.0 (pyzmq, jsonschema,
+referencing and rpds-py come with vLLM's). The lessons read data/ (our runs, the incident)
+and the runner copies notebooks/ beside it, so those travel with every call: with
+benchmarks/results/ moved out of the working tree while the calls are made (the tracked
+files are then about 20.5 MB), CHUNK=42M keeps each chunk's call within the 64 MiB one
+call carries (19 chunks with --model qwen-coder --vllm and the wheels above; the small
+last chunks of the model and of the packages can go with the work call). On 2026-12-03 the
+three lessons ran this way in 18 minutes of an H200 (BENCHMARKS.md, "the three lessons in a
+Jupyter kernel").
 """
 
 from __future__ import annotations
