@@ -163,13 +163,17 @@ def test_every_code_cell_of_the_lessons_was_run_and_saved_in_order():
         assert counts == list(range(1, len(counts) + 1)), (path.name, counts)
 
 
+def saved_text(name: str, source: str) -> str:
+    """The text (pandas' plain text) a lesson's code cell containing `source` shows as its result."""
+    cell = next(c for c in cells(name) if c["cell_type"] == "code" and source in text(c))
+    return next("".join(o["data"]["text/plain"]) for o in cell["outputs"]
+                if o.get("output_type") == "execute_result")
+
+
 def saved_table(name: str, source: str) -> list[list[str]]:
     """The rows of the table (pandas' text) a lesson's code cell containing `source` shows in
     its saved output."""
-    cell = next(c for c in cells(name) if c["cell_type"] == "code" and source in text(c))
-    shown = next("".join(o["data"]["text/plain"]) for o in cell["outputs"]
-                 if o.get("output_type") == "execute_result")
-    return [line.split() for line in shown.splitlines()[1:]]
+    return [line.split() for line in saved_text(name, source).splitlines()[1:]]
 
 
 @pytest.fixture
@@ -202,13 +206,6 @@ def test_lesson_1_1_s_saved_run_is_what_the_code_gives(tmp_path, monkeypatch, co
     now = dict(zip(run.metrics["rollout/step"], run.metrics["rollout/raw_reward"]))
     shown = {step: round(now[step], len(digits.split(".")[1])) for step, digits in saved.items()}
     assert shown == {step: float(digits) for step, digits in saved.items()}
-
-
-def saved_text(name: str, source: str) -> str:
-    """The text (pandas' plain text) a lesson's code cell containing `source` shows as its result."""
-    cell = next(c for c in cells(name) if c["cell_type"] == "code" and source in text(c))
-    return next("".join(o["data"]["text/plain"]) for o in cell["outputs"]
-                if o.get("output_type") == "execute_result")
 
 
 def pandas_rows(shown: str) -> dict[str, dict[str, str]]:
