@@ -3,8 +3,9 @@
 Why: to see where the update's time goes, and what it costs to spend memory instead
 of time. Every variant trains the same model (float32 master weights, bf16 autocast on a
 GPU, as labkit.trainer does) on the same made-up rollout, whose token ids are random but
-whose lengths follow our GSM8K runs (prompts 110-260 tokens, answers ~290 on average, a
-few at the 1024 cap), so the work per variant is what a real step does:
+whose lengths follow our GSM8K runs (prompts 110-260 tokens, each with the recipe's 8
+answers of ~290 tokens on average, a few at the 1024 cap), so the work per variant is what
+a real step does:
 
 * `before`: what the first H200 runs did: a separate no-grad pass for the old log-probs,
   then micro-batches of 8 samples;
@@ -14,8 +15,10 @@ few at the 1024 cap), so the work per variant is what a real step does:
   (`--use-dynamic-batch-size --max-tokens-per-gpu T`);
 * `full_logits_<T>`: as `dynamic_<T>`, but the answers' log-probs taken from the model's
   full logits instead of labkit.logprobs' chunked head (what the chunks save);
+* `shared_<T>`: as `dynamic_<T>`, with a group's answers after one copy of their prompt
+  (`--share-prompt`, labkit.packing);
 * `checkpointed_<T>`: as `dynamic_<T>`, with gradient checkpointing (`--gradient-checkpointing`:
-  each layer's activations recomputed in the backward pass).
+  each layer's activations recomputed in the backward pass); `shared_checkpointed_<T>` both.
 
 Each variant: one warm-up update, then --repeats timed ones (synchronised), the peak GPU
 memory of its updates, and the padded tokens its micro-batches hold. The update's time does
@@ -37,8 +40,8 @@ import time
 
 import torch
 
-from labkit import actor
-from labkit.actor import compute_logprobs, make_optimizer, pack_rollout, train_on_rollout
+from labkit import actor, packing
+from labkit.actor import compute_logprobs, make_optimizer, train_on_rollout
 from labkit.config import RunConfig
 from labkit.models import enable_checkpointing, load_policy, resolve_model
 
@@ -61,14 +64,11 @@ def load_model(name: str, device):
 
 def padded_tokens(batch, cfg) -> int:
     """Tokens the update's passes hold, padding included (this checkout's layout)."""
-    idx = actor._longest_first(batch, torch.arange(batch.size))
-    parts = actor.micro_batches(batch, idx, max_samples=cfg.micro_batch_size,
-                                max_tokens=cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else None)
-    total = 0
-    for part in parts:
-        rows = actor._micro_batch(batch, part, "cpu")
-        total += int(rows.ids.numel() if hasattr(rows, "ids") else rows[0].numel())
-    return total
+    idx = packing.longest_first(batch, torch.arange(batch.size))
+    max_tokens = cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else None
+    return sum(int(rows.ids.numel()) for _, rows in packing.passes(
+        batch, idx, "cpu", max_samples=cfg.micro_batch_size, max_tokens=max_tokens,
+        share_prompt=cfg.share_prompt))
 
 
 @contextlib.contextmanager
@@ -87,17 +87,19 @@ def full_logits():
         actor.lm_head_weight = keep
 
 
-def made_up_rollout(samples: int, vocab: int, max_len: int, seed: int):
-    """Random token ids with GSM8K-like prompt and answer lengths, random advantages."""
+def made_up_rollout(samples: int, vocab: int, max_len: int, seed: int, group: int = 8):
+    """Random token ids with GSM8K-like prompt and answer lengths, `group` answers to a
+    prompt, random advantages."""
     g = torch.Generator().manual_seed(seed)
-    prompt_len = torch.randint(110, 261, (samples,), generator=g)
+    prompt_len = torch.randint(110, 261, (samples // group,), generator=g).repeat_interleave(group)
     answer_len = torch.distributions.Gamma(3.0, 3.0 / 290).sample((samples,)).long()
     answer_len = answer_len.clamp(20, max_len)
     answer_len[torch.randperm(samples, generator=g)[: max(1, samples // 100)]] = max_len
-    prompts = [torch.randint(0, vocab, (int(n),), generator=g).tolist() for n in prompt_len]
+    prompts = [torch.randint(0, vocab, (int(n),), generator=g).tolist() for n in prompt_len[::group]]
+    prompts = [p for p in prompts for _ in range(group)]
     answers = [torch.randint(0, vocab, (int(n),), generator=g).tolist() for n in answer_len]
     adv = torch.randn(samples, generator=g)
-    return pack_rollout(prompts, answers, adv, [None] * samples, pad_id=0)
+    return packing.pack_rollout(prompts, answers, adv, [None] * samples, pad_id=0)
 
 
 def time_variant(model, optimizer, cfg, batch, *, separate_old: bool, autocast, repeats: int,
@@ -155,6 +157,9 @@ def main() -> int:
                    help="only the token-budget variants (the memory/time curve)")
     p.add_argument("--full-logits", default="", help="token budgets of the full-logits variants")
     p.add_argument("--checkpointed", default="", help="token budgets of the checkpointed variants")
+    p.add_argument("--shared", default="", help="token budgets of the shared-prompt variants")
+    p.add_argument("--shared-checkpointed", default="",
+                   help="token budgets of the shared-prompt variants with checkpointing")
     p.add_argument("--profile", action="store_true", help="print the top GPU ops of each variant")
     p.add_argument("--liger", action="store_true",
                    help="liger-kernel's Qwen2 kernels (RMSNorm, SwiGLU, RoPE) in the model; the "
@@ -182,15 +187,20 @@ def main() -> int:
         variants[f"dynamic_{t}"] = (base.replace(max_tokens_per_gpu=int(t)), False)
     for t in filter(None, a.full_logits.split(",")):
         variants[f"full_logits_{t}"] = (base.replace(max_tokens_per_gpu=int(t)), False)
+    for t in filter(None, a.shared.split(",")):
+        variants[f"shared_{t}"] = (base.replace(max_tokens_per_gpu=int(t), share_prompt=True), False)
     for t in filter(None, a.checkpointed.split(",")):
         variants[f"checkpointed_{t}"] = (base.replace(max_tokens_per_gpu=int(t)), False)
+    for t in filter(None, a.shared_checkpointed.split(",")):
+        variants[f"shared_checkpointed_{t}"] = (
+            base.replace(max_tokens_per_gpu=int(t), share_prompt=True), False)
     result = {"liger": a.liger, "machine": {"python": platform.python_version(), "torch": torch.__version__,
                           "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"},
               "samples": a.samples, "answer_tokens": tokens, "variants": {},
               "card_gib": (torch.cuda.get_device_properties(0).total_memory / 2**30
                            if device.type == "cuda" else None)}
     for name, (cfg, separate) in variants.items():
-        if name.startswith("checkpointed"):  # the rest come first: this stays on
+        if "checkpointed" in name:  # the rest come first: this stays on
             enable_checkpointing(model)
         with full_logits() if name.startswith("full_logits") else contextlib.nullcontext():
             r = time_variant(model, optimizer, cfg, batch, separate_old=separate, autocast=autocast,

@@ -10,7 +10,7 @@
 
 from labkit.config import ConfigError, RunConfig
 from labkit.run.log import Run
-from labkit.version import __version__
+from labkit.run.version import __version__
 
 
 def launch(config: RunConfig, *, resume=None) -> Run:

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from labkit import data as datamod
-from labkit.actor import compute_logprobs, pack_rollout, train_on_rollout
+from labkit.actor import compute_logprobs, train_on_rollout
 from labkit.config import RunConfig
 from labkit.data import encode_prompt
 from labkit.engines.base import Completion, Engine, Sampling
@@ -43,6 +43,7 @@ from labkit.lifecycle import (
     start_run,
 )
 from labkit.machine.heat import HeatGuard, is_clean, pause_seconds_within
+from labkit.packing import pack_rollout
 from labkit.reward import score
 from labkit.run.checkpoint import SavePolicy
 from labkit.run.log import Run, open_run_folder
@@ -236,7 +237,7 @@ def update_policy(s: Session, rollout: Rollout, advantages: torch.Tensor, step: 
                          [c.logprobs for c in comps], s.tokenizer.pad_token_id)
     kw = dict(micro_batch_size=cfg.micro_batch_size, temperature=cfg.rollout_temperature,
               max_tokens=cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else None,
-              autocast=s.autocast)
+              autocast=s.autocast, share_prompt=cfg.share_prompt)
     if cfg.overlap_rollout:  # one step off-policy: the engine's log-probs are the old policy
         batch.old_logprobs = batch.engine_logprobs
     elif cfg.steps_per_rollout > 1:  # else the training pass gives them (see labkit.actor)

@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from labkit.actor import compute_logprobs, make_optimizer, micro_batches, pack_rollout, train_on_rollout
+from labkit.actor import compute_logprobs, make_optimizer, train_on_rollout
+from labkit.packing import micro_batches, pack_rollout
 
 
 def _rollout(seed: int = 0, samples: int = 8):

@@ -225,6 +225,23 @@ def pandas_rows(shown: str) -> dict[str, dict[str, str]]:
 RISE_TABLE = 'rise.drop(columns=["run", "seed"]).set_index("group_size").round(3)'
 
 
+def test_lesson_1_3_s_saved_8_answer_rerun_is_lesson_1_1_s_saved_run():
+    """On the cpu profile the rerun cell's 8-answer run is the profile's own run (the cpu
+    preset takes 8 answers), so the rise table lesson 1.3 shows for it must read what lesson
+    1.1 shows for its launch: the same mean reward over the first and the last 4 steps, and
+    the same rise of the share of answers right. Outputs of one lesson executed with older
+    code than the other's differ here."""
+    from labkit.config import PRESETS
+
+    assert PRESETS["cpu"]["n_samples_per_prompt"] == 8
+    eight = pandas_rows(saved_text("03_group_size.ipynb", RISE_TABLE))["8"]
+    parts = {line.split()[0]: [float(v) for v in line.split()[-3:]]
+             for line in saved_text("01_launcher.ipynb", "reward_parts(run.metrics)").splitlines()
+             if line.startswith(("first", "last"))}
+    assert (float(eight["start"]), float(eight["end"])) == (parts["first"][0], parts["last"][0])
+    assert float(eight["right_rise"]) == pytest.approx(parts["last"][1] - parts["first"][1], abs=1e-3)
+
+
 @pytest.mark.slow
 def test_lesson_1_3_s_saved_2_answer_rerun_is_what_the_code_gives(tmp_path, monkeypatch, cores):
     """The 2-answer run of lesson 1.3's saved rise table starts (its mean reward over steps

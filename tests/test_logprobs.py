@@ -13,9 +13,10 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from labkit.actor import _forward_logprobs, _micro_batch, pack_rollout
+from labkit.actor import _forward_logprobs
 from labkit.grpo import policy_loss, token_entropy, token_logprobs
 from labkit.logprobs import chunk_tokens, chunked_logprobs, lm_head_weight
+from labkit.packing import pack_rollout, sample_rows
 
 
 def _model(tied: bool = True, seed: int = 0) -> Qwen2ForCausalLM:
@@ -68,7 +69,7 @@ def test_chunked_path_gives_the_full_logits_loss_and_gradients(temperature, entr
     lp, ent, rmask = _reference(model, batch, idx, temperature)
     want_loss, want = _loss_and_grads(model, lp, ent, rmask, adv, entropy_coef)
 
-    rows = _micro_batch(batch, idx, torch.device("cpu"))
+    rows = sample_rows(batch, idx, torch.device("cpu"))
     lp2, ent2 = _forward_logprobs(model, rows, temperature, lambda: torch.autocast("cpu", enabled=False),
                                   entropy="loss")
     assert torch.equal(rows.rmask, rmask)
@@ -84,9 +85,9 @@ def test_chunked_path_gives_the_full_logits_loss_and_gradients(temperature, entr
 
 def test_masked_and_empty_answers_get_no_gradient_from_their_padding():
     model, batch = _model(), _batch()
-    rows = _micro_batch(batch, torch.tensor([1]), torch.device("cpu"))  # the empty answer alone
+    rows = sample_rows(batch, torch.tensor([1]), torch.device("cpu"))  # the empty answer alone
     lp, _ = _forward_logprobs(model, rows, 1.0, lambda: torch.autocast("cpu", enabled=False))
-    assert rows.rows.numel() == 0 and float(lp.detach().abs().sum()) == 0.0
+    assert rows.sample.numel() == 0 and float(lp.detach().abs().sum()) == 0.0
     (lp.sum()).backward()  # a graph with no answer tokens still backpropagates (to zeros)
     assert all(p.grad is None or float(p.grad.abs().sum()) == 0.0 for p in model.parameters())
 

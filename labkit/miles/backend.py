@@ -373,7 +373,7 @@ def write_run_folder(cfg: RunConfig, run_dir: Path, script: str, *, explicit: It
     copy of the --custom-rm-path file (if it names one) and labkit_miles.json (config, with
     that path made absolute; command; miles commit) into run_dir; return run_dir."""
     from labkit.data import split_eval
-    from labkit.version import __version__
+    from labkit.run.version import __version__
 
     run_dir.mkdir(parents=True, exist_ok=True)
     write_prompt_data(ordered_problems(cfg), run_dir / PROMPTS, cfg.prompt_examples)

@@ -66,6 +66,8 @@ IGNORED = {
                                 "every group gets --rollout-seed + i at every step",
     "rollout_logprob_prompts": "miles' SGLang returns the log-probs of every answer, and its "
                                "train/train_rollout_logprob_abs_diff covers them all",
+    "share_prompt": "a layout of labkit's update (the same log-probs, fewer tokens); miles' "
+                    "Megatron lays out its passes its own way",
 }
 # Refused by value (set or not): a fixed KV cache size has no miles flag. SGLang sizes its
 # cache as a share of GPU memory (--sglang-mem-fraction-static, which labkit's

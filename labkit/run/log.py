@@ -61,7 +61,7 @@ from labkit.run.files import (  # noqa: F401 (named here too)
 from labkit.run.files import user_umask as _umask
 from labkit.run.lock import RunLock
 from labkit.run.metrics import STEP
-from labkit.version import __version__
+from labkit.run.version import __version__
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
