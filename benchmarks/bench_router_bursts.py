@@ -25,6 +25,9 @@ Settings (SETTINGS; --settings picks some, in this order):
   seqs_low       the engines restarted with --max-num-seqs --low-seqs: both engines busy,
                  most requests queued inside them; the router's defaults
   seqs_low_shed  the same behind the shed-load router
+  per_prompt     as default, but one request per prompt asking for its answers (OpenAI `n`,
+                 HttpEngine(per_prompt=True)): prompts requests instead of prompts x answers;
+                 beside default, what the requests themselves cost the engines and the router
 A setting's rollout gets --setting-limit-s: a request still unanswered then gives up and the
 rollout ends there (the row says so), so every setting ends in bounded time.
 
@@ -124,7 +127,7 @@ from labkit.serving.replay import read_events, replay  # noqa: E402
 from labkit.serving.watchdog import Watchdog  # noqa: E402
 
 SETTINGS = ["default", "open_low", "router_limit", "shed", "shed_short", "pause", "pause_shed",
-            "seqs_low", "seqs_low_shed"]
+            "seqs_low", "seqs_low_shed", "per_prompt"]
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,7 @@ class Setting:
     max_open: int
     router_args: tuple[str, ...] = ()
     pause_s: float = 0.0  # one engine loading weights back to back for this long, mid-rollout
+    per_prompt: bool = False  # one request per prompt for its answers (OpenAI n)
 
 
 def shed_args(timeout_s: float) -> tuple[str, ...]:
@@ -165,6 +169,8 @@ def build_settings(a: argparse.Namespace) -> list[Setting]:
         "seqs_low": Setting("seqs_low", f"engines at --max-num-seqs {lo}", lo, n),
         "seqs_low_shed": Setting("seqs_low_shed", f"engines at --max-num-seqs {lo}, shed-load router",
                                  lo, n, shed),
+        "per_prompt": Setting("per_prompt", "one request per prompt for its answers (n), router defaults",
+                              hi, a.prompts, per_prompt=True),
     }
     names = [s.strip() for s in a.settings.split(",") if s.strip()] if a.settings else SETTINGS
     unknown = [s for s in names if s not in every]
@@ -252,7 +258,8 @@ def run_setting(s: Setting, base: ServeConfig, urls: list[str], prompts: list[li
                            retry=RetryPolicy(deadline_s=a.setting_limit_s,
                                              request_timeout_s=a.setting_limit_s))
     requests = build_requests(prompts, Sampling(n=a.answers, temperature=1.0,
-                                                max_tokens=a.max_tokens), None, 0)
+                                                max_tokens=a.max_tokens), None, 0,
+                              per_prompt=s.per_prompt)
     error, pause = None, None
 
     async def rollout():
@@ -283,7 +290,8 @@ def run_setting(s: Setting, base: ServeConfig, urls: list[str], prompts: list[li
     b, st = found.bursts, found.stalls
     return {"setting": s.name, "what": s.what, "engines": len(urls), "max_num_seqs": s.max_num_seqs,
             "router_args": list(s.router_args), "max_open_requests": s.max_open,
-            "requests": len(requests), "max_tokens": a.max_tokens, "rollout_s": round(seconds, 2),
+            "requests": len(requests), "answers": a.prompts * a.answers,
+            "per_prompt": s.per_prompt, "max_tokens": a.max_tokens, "rollout_s": round(seconds, 2),
             "completed": error is None, "error": error, "pause": pause, **count_log(log_path),
             "bursts": len(b), "longest_burst_s": float(b["duration_s"].max()) if len(b) else 0.0,
             "burst_lines_max": int(b["lines"].max()) if len(b) else 0,

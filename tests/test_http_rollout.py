@@ -48,7 +48,9 @@ from fixtures_engines import have_router  # noqa: E402
 
 CLIENT = ["client/requests", "client/failed_attempts", "client/503s", "client/retried_requests",
           "client/max_attempts", "client/stalls", "client/engines_synced", "client/weights_write_time",
-          "client/weights_load_time"]
+          "client/weights_gather_time", "client/weights_file_time", "client/weights_bytes",
+          "client/weights_in_memory", "client/weights_load_time", "client/weights_engine_time",
+          "client/weights_engine_read_time"]
 
 
 # ---------------------------------------------------------------------- flags
@@ -209,13 +211,13 @@ def test_a_failed_sync_leaves_no_weights_and_the_first_removes_stale_folders(tmp
 
 
 def test_a_write_cut_short_leaves_no_part_file_in_weights_dir(tmp_path, monkeypatch):
-    import safetensors.torch
+    from labkit.engines import weights_file
 
-    def cut_short(tensors, filename, metadata=None):
-        Path(filename).write_bytes(b"half a file")
+    def cut_short(path, chunks):
+        Path(path).write_bytes(b"half a file")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(safetensors.torch, "save_file", cut_short)
+    monkeypatch.setattr(weights_file, "write_chunks", cut_short)
     shared = tmp_path / "shared"
     shared.mkdir()
     engine = HttpEngine("http://127.0.0.1:9", weights_dir=shared)  # never contacted
@@ -249,8 +251,13 @@ def test_launch_over_http_syncs_every_engine_after_every_step(tiny_cfg, tiny_mod
         assert r["client/failed_attempts"] == 0 and r["client/max_attempts"] == 1
         assert r["client/engines_synced"] == 2
         assert r["perf/update_weights_time"] > 0
+        assert r["client/weights_bytes"] > 0 and r["client/weights_in_memory"] in (0, 1)
+        assert 0 <= r["client/weights_gather_time"] + r["client/weights_file_time"] <= r["client/weights_write_time"]
     events = [json.loads(x) for x in (run.dir / "client.jsonl").read_text().splitlines()]
     assert sum(e["event"] == "done" for e in events) == 16
+    syncs = [e for e in events if e["event"] == "sync"]  # at start, then after each step
+    assert [e["sync"] for e in syncs] == [1, 2, 3] and {e["kind"] for e in syncs} <= {"memory", "disk", "unknown"}
+    assert all(len(e["engine_s"]) == 2 and e["bytes"] == rows[0]["client/weights_bytes"] for e in syncs)
     # each engine read the weights at the start and after each of the 2 steps; the last
     # file is the policy the trainer saved, the first the model it started from
     _, path = latest_checkpoint(run.dir)

@@ -127,14 +127,19 @@ def test_update_weights_reaches_every_engine_behind_the_router(cluster, trainer_
                   for c in outs)
     metrics = engine.step_metrics()
     engine.close()
-    print(f"\nHTTP weight sync to {len(sync['engines'])} engines: write {sync['write_s']:.2f} s, "
-          f"load {sync['load_s']:.2f} s ({sync['tensors']} tensors); max |engine - trainer| "
+    print(f"\nHTTP weight sync to {len(sync['engines'])} engines through {sync['folder']['root']} "
+          f"({sync['folder']['kind']}): write {sync['write_s']:.2f} s (gather {sync['gather_s']:.2f}, "
+          f"file {sync['file_s']:.2f}), load {sync['load_s']:.2f} s (slowest engine "
+          f"{max(sync['engine_s'].values()):.2f}, reading {max(sync['engine_read_s'].values()):.2f}; "
+          f"{sync['tensors']} tensors); max |engine - trainer| "
           f"log-prob per engine: at start {float(start):.2e}, before sync "
           f"{', '.join(f'{b:.3f}' for b in before)}, after {', '.join(f'{a:.2e}' for a in after)}; "
           f"sampled at T=0.7 after {sampled:.2e}")
     assert sorted(sync["engines"]) == sorted(urls) and len(urls) == 2
-    assert all(r == [{"tensors": sync["tensors"], "seconds": r[0]["seconds"]}]
+    assert all(r == [{"tensors": sync["tensors"], "seconds": r[0]["seconds"],
+                      "read_seconds": r[0]["read_seconds"]}] and 0 <= r[0]["read_seconds"] <= r[0]["seconds"]
                for r in sync["results"].values())
+    assert metrics["client/weights_engine_time"] == max(r[0]["seconds"] for r in sync["results"].values())
     assert start < 1e-3  # engines and trainer started from the same checkpoint
     assert min(before) > 0.05
     assert max(after) < 1e-3

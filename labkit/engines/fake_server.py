@@ -16,18 +16,21 @@ from labkit.engines.served_sync import LOAD_WEIGHTS_METHOD
 
 
 def fake_answer(body: dict, model: str, vocab_size: int = 1000) -> dict:
-    """A vLLM-shaped /v1/completions answer with made-up tokens, seeded by prompt and seed."""
+    """A vLLM-shaped /v1/completions answer with made-up tokens, seeded by prompt and seed;
+    `n` choices (the first is the one a request for one answer gets)."""
     import random
 
     prompt = body.get("prompt") or [0]
     n_tok = int(body.get("max_tokens") or 16)
-    seed = hash((tuple(prompt) if isinstance(prompt, list) else prompt, body.get("seed")))
-    rng = random.Random(seed)
-    ids = [rng.randrange(1, vocab_size) for _ in range(n_tok)]
-    return {"id": "cmpl-fake", "object": "text_completion", "model": model, "choices": [{
-        "index": 0, "text": " ".join(f"t{i}" for i in ids), "finish_reason": "length",
-        "token_ids": ids, "logprobs": {"tokens": [f"token_id:{i}" for i in ids],
-                                       "token_logprobs": [-6.9] * n_tok}}]}
+    key = (tuple(prompt) if isinstance(prompt, list) else prompt, body.get("seed"))
+    choices = []
+    for k in range(max(int(body.get("n") or 1), 1)):
+        rng = random.Random(hash(key if k == 0 else (*key, k)))
+        ids = [rng.randrange(1, vocab_size) for _ in range(n_tok)]
+        choices.append({"index": k, "text": " ".join(f"t{i}" for i in ids), "finish_reason": "length",
+                        "token_ids": ids, "logprobs": {"tokens": [f"token_id:{i}" for i in ids],
+                                                       "token_logprobs": [-6.9] * n_tok}})
+    return {"id": "cmpl-fake", "object": "text_completion", "model": model, "choices": choices}
 
 
 def fake_load_weights(path: str) -> dict:

@@ -1,15 +1,17 @@
 """An `Engine` that samples through a router and syncs the trainer's weights to every engine.
 
 `HttpEngine` puts labkit.serving.client's retrying client behind the trainer's engine interface:
-each answer is one `/v1/completions` request to the router, and the step's `client/`
-metrics count what the client logged. Its weight sync goes to each engine, not through the
-router (a load balancer would hand it to one engine): the trainer writes its weights to one
-safetensors file, finds the engines through the router's `/list_workers`, and each loads
-the file through vLLM's `/collective_rpc` (labkit.engines.served_sync is the engine side),
-so the next rollout samples from the weights the trainer just stepped to.
-The sync itself (the file, the engines, stale folders) is labkit.engines.weight_sync;
-`sync_check=True` checks after each sync that every engine serves the trainer's weights
-(labkit.engines.sync_check).
+each answer is one `/v1/completions` request to the router (or each prompt, with
+`per_prompt`), and the step's `client/` metrics count what the client logged. Its weight
+sync goes to each engine, not through the router (a load balancer would hand it to one
+engine): the trainer writes its weights to one safetensors file, finds the engines through
+the router's `/list_workers`, and each loads the file through vLLM's `/collective_rpc`
+(labkit.engines.served_sync is the engine side), so the next rollout samples from the
+weights the trainer just stepped to. The sync itself (the engines, stale folders) is
+labkit.engines.weight_sync, its file labkit.engines.weights_file; each sync's parts
+(gathering the tensors, the file, the engines' loads, where the file went) are
+`client/weights_*` metrics and a `sync` line in client.jsonl. `sync_check=True` checks
+after each sync that every engine serves the trainer's weights (labkit.engines.sync_check).
 """
 
 from __future__ import annotations
@@ -23,13 +25,23 @@ from pathlib import Path
 from labkit.engines.base import BetweenBatches, Completion, Engine, Sampling
 from labkit.engines.sync_check import SyncCheck, fixed_token_ids
 from labkit.engines.weight_sync import (
+    describe_folder,
     fast_tmp,
     make_sync_folder,
     remove_stale_sync_folders,
+    sync_folder_line,
     sync_weights,
-    write_weights,
 )
-from labkit.serving.client import EventLog, RetryPolicy, RolloutClient, build_requests, parse_completion, run_sync
+from labkit.engines.weights_file import WeightsWriter, plan_weights
+from labkit.serving.client import (
+    EventLog,
+    RetryPolicy,
+    RolloutClient,
+    build_requests,
+    parse_completion,
+    parse_completions,
+    run_sync,
+)
 
 
 # ---------------------------------------------------------------------- the engine
@@ -39,15 +51,19 @@ class HttpEngine(Engine):
     Each answer is one request (n=1) with the prompt as token ids, so the router can spread
     the 512 answers of a 32 x 16 rollout over its engines, and a lost answer is retried
     alone. Token ids and log-probs come back through vLLM's `return_token_ids` and
-    `logprobs=1` + `return_tokens_as_token_ids`.
+    `logprobs=1` + `return_tokens_as_token_ids`. `per_prompt=True` sends one request per
+    prompt for all its answers instead (OpenAI's `n`): an eighth of the requests at 8 answers,
+    each prompt's group sampled by one engine, a lost request retried whole; the client's
+    counts (`client/requests`, client.jsonl) are then of prompts.
 
     `update_weights(model)` writes the model's parameters to one safetensors file in
     `weights_dir` (shared with the engines: the same machine, or a shared folder at the same
     path; default a temporary folder per sync, in memory when /dev/shm has room) and has every
     engine load it (see `sync_weights`); the file is deleted after, also when the sync fails.
-    `sync_dtype` (e.g.
-    torch.bfloat16) is the file's dtype; each engine casts to its own. The engines are the
-    router's `/list_workers`, or `engine_urls` when given.
+    `sync_dtype` (e.g. torch.bfloat16) is the file's dtype; each engine casts to its own. The
+    engines are the router's `/list_workers`, or `engine_urls` when given. The first sync says
+    which folder the file goes through, memory or disk (`notify`, default print); every sync is one
+    `sync` line in client.jsonl (the folder, the bytes, each part's seconds, each engine's).
 
     `step_metrics()` returns the `client/` metrics since the last call (the trainer logs them
     once per step). The trainer names its step with `begin_step(step)`, so client.jsonl's
@@ -72,7 +88,7 @@ class HttpEngine(Engine):
                  watchdog=None, tokenizer=None, seeded: bool = False,
                  engine_urls: Sequence[str] | None = None, weights_dir: Path | None = None,
                  sync_dtype=None, sync_timeout_s: float = 600.0, vocab_size: int | None = None,
-                 sync_check: bool = False):
+                 sync_check: bool = False, notify=None, per_prompt: bool = False):
         self.counters = StepCounters()
         self.log, self.seeded = EventLog(log_path, listeners=[self.counters]), seeded
         self.vocab_size = vocab_size or (len(tokenizer) if tokenizer is not None else None)
@@ -84,22 +100,30 @@ class HttpEngine(Engine):
         self.weights_dir = Path(weights_dir).resolve() if weights_dir else None  # engines' cwd differs
         self.sync_dtype, self.sync_timeout_s = sync_dtype, sync_timeout_s
         self.syncs, self.last_sync, self.swept = 0, {}, False
+        self.writer, self.notify = WeightsWriter(), notify or _say  # the writer keeps its buffer
         self.sync_check: SyncCheck | None = None
         self.last_check: dict = {}
         self._check_sync = sync_check
+        self.per_prompt, self._n = per_prompt, 1  # _n: the answers each request asks for
+        self._unwritten: list[dict] = []  # sync lines logged before the log had a file
 
     def generate(self, prompt_ids: list[list[int]], sampling: Sampling,
                  between_batches: BetweenBatches = None) -> list[list[Completion]]:
-        """Send n requests per prompt; return each prompt's n Completions (RolloutFailed if lost)."""
+        """Send n requests per prompt (one with per_prompt); return each prompt's n
+        Completions (RolloutFailed if one is lost)."""
         if between_batches is not None:
             between_batches()
         phase = "eval" if sampling.temperature == 0 else None  # greedy: the evaluation
         tag = f"s{self.step}" + (f"-{phase}" if phase else "")
         requests = build_requests(prompt_ids, sampling, self.model, self.step, seeded=self.seeded,
-                                  tag=tag)
+                                  tag=tag, per_prompt=self.per_prompt)
+        self._n = sampling.n if self.per_prompt else 1
         answers = run_sync(self.client.run(requests, step=self.step, phase=phase))
         if not self._told:
             self.step += 1
+        if self.per_prompt:  # one request per prompt, holding its n answers
+            return [parse_completions(answer, sampling.n, i, rid, self.tokenizer, self.vocab_size)
+                    for i, ((rid, _, _), answer) in enumerate(zip(requests, answers))]
         out: list[list[Completion]] = [[] for _ in prompt_ids]
         for k, ((rid, _, _), answer) in enumerate(zip(requests, answers)):
             i = k // sampling.n  # requests are prompt-major: prompt i, answers 0..n-1
@@ -112,7 +136,10 @@ class HttpEngine(Engine):
 
     def _check(self, answer: dict) -> None:
         """Refuse an answer as it arrives (BadAnswer): the client retries or fails it."""
-        parse_completion(answer, 0, "", self.tokenizer, self.vocab_size)
+        if self.per_prompt:
+            parse_completions(answer, self._n, 0, "", self.tokenizer, self.vocab_size)
+        else:
+            parse_completion(answer, 0, "", self.tokenizer, self.vocab_size)
 
     def update_weights(self, model) -> None:
         """Make every engine behind the router serve `model`'s current weights.
@@ -122,16 +149,21 @@ class HttpEngine(Engine):
         The first sync also removes the folders of trainers killed mid-sync.
         """
         start = time.perf_counter()
+        plan = plan_weights(model, self.sync_dtype)
         folder = self.weights_dir
         if folder is None:  # a folder of its own for this sync, removed after it
             if not self.swept:
                 remove_stale_sync_folders()
                 self.swept = True
-            size = sum(p.numel() * p.element_size() for p in model.parameters())
-            folder = make_sync_folder(fast_tmp(2 * size))
+            folder = make_sync_folder(fast_tmp(plan.bytes))
+            root = str(folder.parent)  # /dev/shm, or the temp folder when it has no room
+        else:
+            root = str(folder)
+        if self.syncs == 0:
+            self.notify(sync_folder_line(root, plan.bytes, chosen=self.weights_dir is None))
         path = folder / f"weights-{os.getpid()}-{self.syncs}.safetensors"
         try:
-            count = write_weights(model, path, self.sync_dtype)
+            w = self.writer.write(plan, path)
             written = time.perf_counter()
             results = run_sync(sync_weights(self.client.base_url, str(path), self.engine_urls,
                                             self.sync_timeout_s))
@@ -141,9 +173,18 @@ class HttpEngine(Engine):
             if self.weights_dir is None:
                 shutil.rmtree(folder, ignore_errors=True)
         self.syncs += 1
-        self.last_sync = {"engines": list(results), "tensors": count,
-                          "write_s": written - start, "load_s": time.perf_counter() - written,
-                          "results": results}
+        load_s, where = time.perf_counter() - written, describe_folder(root)
+        engine_s, read_s = _per_engine(results, "seconds"), _per_engine(results, "read_seconds")
+        self.last_sync = {"engines": list(results), "tensors": w.tensors, "bytes": w.bytes,
+                          "folder": where, "write_s": written - start, "gather_s": w.gather_s,
+                          "file_s": w.file_s, "load_s": load_s, "engine_s": engine_s,
+                          "engine_read_s": read_s, "results": results}
+        row = self.log.emit("sync", step=self.step, sync=self.syncs, folder=root, kind=where["kind"],
+                            bytes=w.bytes, tensors=w.tensors, write_s=round(written - start, 4),
+                            gather_s=round(w.gather_s, 4), file_s=round(w.file_s, 4),
+                            load_s=round(load_s, 4), engine_s=engine_s, engine_read_s=read_s)
+        if self.log.path is None:  # no client.jsonl yet (the sync at start): written when it opens
+            self._unwritten.append(row)
         if self._check_sync:
             self.last_check = self._checker(model).run(model, list(results), self.sync_dtype)
 
@@ -156,21 +197,45 @@ class HttpEngine(Engine):
         return self.sync_check
 
     def log_to(self, run_dir: Path) -> None:
-        """Write the client log to run_dir/client.jsonl from now on, unless it already has a file."""
+        """Write the client log to run_dir/client.jsonl from now on, unless it already has a
+        file; the sync lines from before it had one (the sync at start) go first."""
         if self.log.path is None:
             self.log.open(Path(run_dir) / "client.jsonl")
+            for row in self._unwritten:
+                self.log.emit(**row)
+        self._unwritten = []
 
     def step_metrics(self) -> dict:
         """The `client/` metrics since the last call (requests, retries, 503s, the last sync)."""
         m = self.counters.take()
         m["client/engines_synced"] = len(self.last_sync.get("engines", ()))
         m["client/weights_write_time"] = self.last_sync.get("write_s", 0.0)
+        m["client/weights_gather_time"] = self.last_sync.get("gather_s", 0.0)
+        m["client/weights_file_time"] = self.last_sync.get("file_s", 0.0)
+        m["client/weights_bytes"] = self.last_sync.get("bytes", 0)
+        m["client/weights_in_memory"] = int(self.last_sync.get("folder", {}).get("kind") == "memory")
         m["client/weights_load_time"] = self.last_sync.get("load_s", 0.0)
+        m["client/weights_engine_time"] = max(self.last_sync.get("engine_s", {}).values(), default=0.0)
+        m["client/weights_engine_read_time"] = max(self.last_sync.get("engine_read_s", {}).values(),
+                                                   default=0.0)
         m.update(self.last_check)
         return m
 
     def close(self) -> None:
         self.log.close()
+
+
+def _say(message: str) -> None:
+    print(f"labkit: {message}", flush=True)
+
+
+def _per_engine(results: dict[str, list], key: str) -> dict[str, float]:
+    """{engine url: the largest `key` (seconds) its workers returned}; 0.0 where none says."""
+    def most(workers) -> float:
+        values = [r.get(key) for r in workers or () if isinstance(r, dict)]
+        return max([float(v) for v in values if isinstance(v, (int, float))], default=0.0)
+
+    return {url: most(workers) for url, workers in results.items()}
 
 
 class StepCounters:

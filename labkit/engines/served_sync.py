@@ -27,7 +27,9 @@ class EngineWeightSync:
     then re-processed by hand: it is never in the file, and its prepacked oneDNN copy would
     keep the old embedding (the same fix as labkit.engines.vllm). vLLM's plain
     `reload_weights(weights_path=...)` over /collective_rpc misses that, so it serves stale
-    log-probs on CPU. Returns {"tensors", "seconds"} to the trainer.
+    log-probs on CPU. Returns {"tensors", "seconds", "read_seconds"} to the trainer:
+    read_seconds is the part spent taking the tensors from the file to the engine's device
+    (the rest is vLLM's loading and post-processing).
     """
 
     def labkit_load_weights(self, path: str) -> dict:
@@ -39,14 +41,17 @@ class EngineWeightSync:
         start = time.perf_counter()
         model = self.model_runner.get_model()
         dtype, device = self.vllm_config.model_config.dtype, next(model.parameters()).device
-        count = 0
+        count, read_s = 0, 0.0
 
         def stream():
-            nonlocal count
+            nonlocal count, read_s
             with safe_open(path, framework="pt", device="cpu") as f:
                 for name in f.keys():
+                    t = time.perf_counter()
+                    tensor = f.get_tensor(name).to(device=device, dtype=dtype)
+                    read_s += time.perf_counter() - t
                     count += 1
-                    yield name, f.get_tensor(name).to(device=device, dtype=dtype)
+                    yield name, tensor
 
         with quiet_logger(RELOAD_LOGGER):
             self.reload_weights(weights_iterator=stream())
@@ -54,4 +59,5 @@ class EngineWeightSync:
                 refresh_tied_heads(model)
         if count == 0:
             raise ValueError(f"labkit_load_weights: {path} holds no tensors")
-        return {"tensors": count, "seconds": round(time.perf_counter() - start, 3)}
+        return {"tensors": count, "seconds": round(time.perf_counter() - start, 3),
+                "read_seconds": round(read_s, 3)}

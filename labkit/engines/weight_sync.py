@@ -5,10 +5,13 @@ trainer writes its weights to one safetensors file, finds the engines behind the
 (`/list_workers`), and has each load the file through vLLM's dev-mode `/collective_rpc`
 (labkit.engines.served_sync is the engine side), then reset its prefix cache.
 
-The file lives in a folder of its own per sync, in /dev/shm when it has room. The folder is
-removed in a `finally`; one left by a trainer that was killed mid-sync (SIGKILL, out of
-memory) carries that trainer's PID in its name, and the next sync removes it once the PID is
-gone (`remove_stale_sync_folders`).
+The file (labkit.engines.weights_file writes it) lives in a folder of its own per sync, in
+/dev/shm when it has room: a file in memory costs no disk writes, and a disk's page cache
+may throttle a gigabyte written every step. `describe_folder` says which it got (a
+container's /dev/shm is often 64 MB), so a run's log shows it. The folder is removed in a
+`finally`; one left by a trainer that was killed mid-sync (SIGKILL, out of memory) carries
+that trainer's PID in its name, and the next sync removes it once the PID is gone
+(`remove_stale_sync_folders`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 import aiohttp
 
 from labkit.engines.served_sync import LOAD_WEIGHTS_METHOD, WORKER_EXTENSION
+from labkit.engines.weights_file import write_weights  # noqa: F401  (the sync's file, named here too)
 from labkit.errors import LabkitError
 from labkit.serving.client import RouterUnavailable
 
@@ -36,29 +40,15 @@ SYNC_FOLDER_PREFIX = "labkit-weights-"
 # (sync_timeout_s), so a trainer whose PID this process cannot see (another PID namespace
 # sharing /dev/shm) keeps the folder it is syncing from.
 STALE_SYNC_AGE_S = 600.0
+# /dev/shm is used only when it keeps this much free beside the file: it is the machine's
+# memory, shared with everything else that runs there.
+SHM_SPARE_BYTES = 2**30
+MOUNTS = "/proc/mounts"  # Linux's table of mounts: which filesystem holds a folder
 
 
 # ---------------------------------------------------------------------- weight sync
 class WeightSyncFailed(LabkitError, RuntimeError):
     """An engine did not load the new weights: the next rollout would sample from old ones."""
-
-
-def write_weights(model, path: Path, dtype=None) -> int:
-    """Save `model`'s parameters (Hugging Face names, cast to `dtype` if given) to a
-    safetensors file, atomically (a reader never sees half a file); return the count."""
-    from safetensors.torch import save_file
-
-    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
-    tensors = {}
-    for name, p in model.named_parameters():  # a tied LM head appears once, as the embedding
-        t = p.detach()
-        tensors[name] = (t.to(dtype) if dtype is not None else t).contiguous().cpu()
-    if not tensors:
-        raise ValueError("update_weights: the model has no parameters to send")
-    tmp = path.with_name(path.name + ".part")
-    save_file(tensors, str(tmp))
-    os.replace(tmp, path)
-    return len(tensors)
 
 
 async def sync_weights(base_url: str, path: str, engine_urls: Sequence[str] | None = None,
@@ -132,14 +122,59 @@ async def _post_engine(session: aiohttp.ClientSession, url: str, path: str,
 
 
 def fast_tmp(need_bytes: int) -> str | None:
-    """/dev/shm (memory, Linux) when it has room for `need_bytes` and 1 GiB more, else None
-    (the default temp folder): a weights file per step costs no disk writes there."""
+    """/dev/shm (memory, Linux) when it has room for `need_bytes` and SHM_SPARE_BYTES more,
+    else None (the default temp folder): a weights file per step costs no disk writes there."""
+    free = shm_free_bytes()
+    return "/dev/shm" if free is not None and free > need_bytes + SHM_SPARE_BYTES else None
+
+
+def shm_free_bytes() -> int | None:
+    """Free bytes in /dev/shm, or None where there is none."""
     try:
-        if shutil.disk_usage("/dev/shm").free > need_bytes + 2**30:
-            return "/dev/shm"
+        return shutil.disk_usage("/dev/shm").free
+    except OSError:
+        return None
+
+
+def describe_folder(path: str | Path) -> dict:
+    """Where `path` lives: {"root", "kind": memory | disk | unknown, "fstype"}, from the
+    mount that holds it (MOUNTS; tmpfs and ramfs are memory, unknown without the table)."""
+    real = os.path.realpath(path)
+    best, fstype = "", None
+    try:
+        with open(MOUNTS, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mount = parts[1].replace("\\040", " ")
+                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):  # the last of equal mounts is the one on top
+                    best, fstype = mount, parts[2]
     except OSError:
         pass
-    return None
+    kind = "unknown" if fstype is None else "memory" if fstype in ("tmpfs", "ramfs") else "disk"
+    return {"root": str(path), "kind": kind, "fstype": fstype}
+
+
+def sync_folder_line(root: str | Path, need_bytes: int, chosen: bool) -> str:
+    """One line for the run's output: where the weights file goes, and why there.
+
+    `chosen`: the folder is labkit's pick (/dev/shm, else the temp folder), not the caller's
+    `weights_dir`; on disk it then says how much /dev/shm lacked."""
+    d = describe_folder(root)
+    size = (f"{need_bytes / 2**30:.2f} GiB" if need_bytes >= 2**30 else f"{need_bytes / 2**20:.1f} MiB") + " a sync"
+    where = d["kind"] + (f", {d['fstype']}" if d["fstype"] else "")
+    line = f"weight sync through {d['root']} ({where}), {size}"
+    if chosen and d["kind"] != "memory":
+        free = shm_free_bytes()
+        if free is None:
+            line += "; this machine has no /dev/shm"
+        else:
+            line += (f"; /dev/shm has {free / 2**30:.2f} GiB free, needs "
+                     f"{(need_bytes + SHM_SPARE_BYTES) / 2**30:.2f} (the file and 1 GiB to spare): "
+                     f"a container given more (docker run --shm-size) syncs through memory")
+    return line
 
 
 # ---------------------------------------------------------------------- sync folders

@@ -95,7 +95,13 @@ METRICS: dict[str, tuple[str, str]] = {
     "client/stalls": ("", "stalls the watchdog flagged: no request completed for 60 s while the rollout was open"),
     "client/engines_synced": ("", "engines that loaded the new weights after the optimizer step"),
     "client/weights_write_time": ("s", "writing the weights file the engines load (part of perf/update_weights_time)"),
+    "client/weights_gather_time": ("s", "the parameters to CPU memory in the sync dtype: device copies, one synchronize (part of client/weights_write_time)"),
+    "client/weights_file_time": ("s", "the file itself: header, data, rename (part of client/weights_write_time)"),
+    "client/weights_bytes": ("bytes", "size of the weights file"),
+    "client/weights_in_memory": ("", "1 when the weights file went through memory (tmpfs: /dev/shm), 0 through a disk"),
     "client/weights_load_time": ("s", "the engines loading it, in parallel (part of perf/update_weights_time)"),
+    "client/weights_engine_time": ("s", "the slowest engine's own time in its load (part of client/weights_load_time; the rest is HTTP and the prefix-cache reset)"),
+    "client/weights_engine_read_time": ("s", "the slowest engine's time taking the tensors from the file to its device (part of client/weights_engine_time)"),
     # client/sync_check_*: --http-sync-check, each engine's log-probs of a fixed answer after the sync
     "client/sync_check_abs_diff": ("", "largest over the engines of the mean |trainer - engine| log-prob of the fixed answer, after the sync"),
     "client/sync_check_engines_changed": ("", "engines whose log-probs of the fixed answer differ from their last sync's (all of them, when the trainer's moved)"),

@@ -24,6 +24,7 @@ Events are JSON objects with `t` (unix seconds) and `event`, one of:
     limit       the client changed its open-request limit (live only; replay decides anew)
     stall       the live watchdog flagged a stall (live only; replay decides anew)
     meta        who recorded the log: machine, command, versions, constructed
+    sync        a weight sync to the engines (labkit.engines.http): folder, bytes, seconds
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 KINDS = {"meta", "fail", "done", "gave_up", "step_start", "step_end", "heat_start", "heat_end", "limit",
-         "stall"}
+         "stall", "sync"}
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@
 # after its step, then serve stops). Env: L, SOLO (solo.sh's), SERVE_WAIT (s, 300).
 # A serve that does not come up leaves $L/serve-failed: solo.sh then skips the jobs that
 # serve (an engine that hangs at start would hang in each of them).
-# The launches get --http-sync-check from their flags (solo.sh passes it).
+# The launches get --http-sync-check from their flags (solo.sh passes it). After each launch
+# $L/RUN.sync.txt (also in this job's log) sums up its weight syncs: where the file went
+# (memory or disk), gathering the tensors, the file, the engines' loads (scripts/gpu/sync_summary.py).
 set -u
 L=${L:-$SOLO/logs}  # solo.sh's log folder
 name=$1 serve_flags=$2
@@ -70,6 +72,9 @@ while [ $# -ge 2 ]; do
   [ "$rc" = 0 ] || code=$rc
   log=$SOLO/runs/$run/client.jsonl
   [ -f "$log" ] && python -m labkit replay "$log" --out "$L/$run-replay" > "$L/$run.replay.txt" 2>&1
+  # the syncs' parts and where the file went; the rollout against the colocated `alone` if it ran
+  python scripts/gpu/sync_summary.py "$SOLO/runs/$run" \
+    $([ -d "$SOLO/runs/alone" ] && echo --baseline "$SOLO/runs/alone") 2>&1 | tee "$L/$run.sync.txt"
   [ "$rc" -ge 128 ] && { say "stopped by a signal; no more runs"; break; }
   if ! kill -0 "$serve_pid" 2>/dev/null; then say "serve is gone; no more runs"; code=1; break; fi
 done

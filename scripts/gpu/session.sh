@@ -30,6 +30,9 @@ print("python", platform.python_version(), "torch", torch.__version__, "transfor
 print("gpus", torch.cuda.device_count(), torch.cuda.get_device_name(0))
 PY
   sha256sum "$M" >> "$OUT/logs/versions.txt"
+  # where an HTTP weight sync's file can go: /dev/shm (memory) if it has room, else the temp folder
+  { echo "== /dev/shm and the temp folder"; df -h /dev/shm "${TMPDIR:-/tmp}"
+    grep -E " (/dev/shm|${TMPDIR:-/tmp}|/) " /proc/mounts; echo "ulimit -l $(ulimit -l)"; } >> "$OUT/logs/versions.txt" 2>&1
   python -c "from labkit.models import resolve_model; print(resolve_model('$M'))" > "$OUT/logs/dequantize.log" 2>&1
   echo "dequantize: $(( $(date +%s) - T0 )) s" >> "$OUT/logs/versions.txt"
   NG=$(python -c "import torch; print(torch.cuda.device_count())")

@@ -8,6 +8,9 @@
 #   bench_lean      the update on the recipe's architecture (random weights): chunked head vs
 #                   full logits over several budgets; then the same rollout under an older
 #                   checkout in $OLD (PYTHONPATH), for the before/after pair
+#   bench_shared    the update on the recipe's architecture (random weights, 8 answers a prompt):
+#                   a row per sample against a group's answers after one copy of their prompt
+#                   (--share-prompt), plain at 12,288 tokens and checkpointed at 24,576
 #   solo_default    the recipe as a user types it, alone (sleep mode, default budget)
 #   solo_kv8        one run alone with the settings a sweep gives each run (fixed 8 GiB KV
 #                   cache, no sleep): its whole-GPU memory is one run's share
@@ -32,8 +35,13 @@
 #                   --rollout-mode http --http-sync-check` at 32 x 8 and at 32 x 16 (512 requests
 #                   open), STEPS steps each, no evaluation (scripts/gpu/http_run.sh); the
 #                   colocated baseline is `alone` (and `alone16` at 32 x 16)
+#                   (HTTP2_RUNS: which of n8 and n16, default both)
 #   http1, http1d   the same with one engine behind the router, and one engine used directly
-#                   (--router none); 32 x 8 only
+#                   (--router none); 32 x 8 only. Each http run's weight syncs are summed up in
+#                   $L/RUN.sync.txt (where the file went, gathering, file, the engines' loads)
+#   bench_write     the weights file of a sync, the previous write against labkit's
+#                   (benchmarks/bench_weights_write.py): Qwen2.5-0.5B's shape, float32 on the
+#                   GPU to a bfloat16 file, into /dev/shm and into the temp folder
 #   burst503        503 bursts with 512 requests open over a matrix of settings (open-request
 #                   limit, the router's limits, the engines' --max-num-seqs, one engine paused
 #                   by weight syncs): benchmarks/bench_router_bursts.py, one JSON row a setting
@@ -84,6 +92,9 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
         --out $L/bench_lean.json && PYTHONPATH=$OLD:\$PYTHONPATH python benchmarks/bench_update.py \
         --model random:qwen2.5-0.5b --samples 256 --dynamic-only --budgets 8192,12288 --repeats 3 \
         --out $L/bench_before.json" ;;
+    bench_shared) job bench_shared 300 python benchmarks/bench_update.py --model random:qwen2.5-0.5b \
+      --samples 256 --dynamic-only --budgets 12288 --shared 12288 --checkpointed 24576 \
+      --shared-checkpointed 24576 --repeats 3 --out "$L/bench_shared.json" ;;
     solo_default) job solo_default 300 python -m labkit launch "${SHORT[@]}" --n-samples-per-prompt 8 \
       --global-batch-size 256 --seed 1 --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name solo-default ;;
     solo_kv8) job solo_kv8 300 python -m labkit launch "${SHORT[@]}" --n-samples-per-prompt 8 \
@@ -139,8 +150,13 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       run="${SHORT[*]} --seed 21 --model $M --data $D --http-sync-check"
       n8="--n-samples-per-prompt 8 --global-batch-size 256" n16="--n-samples-per-prompt 16 --global-batch-size 512"
       case $j in
-        http2) job http2 540 bash scripts/gpu/http_run.sh http2 "--engines 2 --port 8100 $serve --engine-args $share" \
-          http2-n8 "$run $n8 ${HTTP_EXTRA:-}" http2-n16 "$run $n16 ${HTTP_EXTRA:-}" ;;
+        http2)
+          runs=()
+          for r in ${HTTP2_RUNS:-n8 n16}; do
+            case $r in n8) runs+=(http2-n8 "$run $n8 ${HTTP_EXTRA:-}") ;; n16) runs+=(http2-n16 "$run $n16 ${HTTP_EXTRA:-}") ;;
+              *) say "http2: unknown run $r (n8, n16)" ;; esac
+          done
+          job http2 540 bash scripts/gpu/http_run.sh http2 "--engines 2 --port 8100 $serve --engine-args $share" "${runs[@]}" ;;
         http1) job http1 360 bash scripts/gpu/http_run.sh http1 "--engines 1 --port 8110 $serve --engine-args ${share/0.15/0.3}" \
           http1-n8 "$run $n8 ${HTTP_EXTRA:-}" ;;
         http1d) job http1d 360 bash scripts/gpu/http_run.sh http1d "--engines 1 --router none --port 8120 $serve --engine-args ${share/0.15/0.3}" \
@@ -148,6 +164,11 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       esac
       [ -f "$L/$j-serve/serve.pid" ] && kill -TERM "$(cat "$L/$j-serve/serve.pid")" 2>/dev/null && sleep 30
       rm -f "$L/$j-serve/serve.pid" ;;
+    bench_write)
+      for folder in /dev/shm "${TMPDIR:-/tmp}"; do
+        job "bench_write_$(basename "$folder")" 240 python benchmarks/bench_weights_write.py --device cuda \
+          --src-dtype float32 --dtype bfloat16 --folder "$folder" --repeats 5 --out "$L/bench_write.jsonl"
+      done ;;
     burst503) job burst503 "${BURST_LIMIT:-780}" python benchmarks/bench_router_bursts.py --model "$M" --data "$D" \
       --out "$L/burst503.jsonl" --logs "$L/burst503" ${BURST_ARGS:-} ;;
     *) say "unknown job $j" ;;
