@@ -12,10 +12,12 @@ its samples in one of two layouts:
   then every answer, and an attention mask lets each answer see the prompt and itself only;
   each answer's positions go on from the prompt's end, as in its own row. The same
   log-probs to float rounding, for fewer tokens through the model where prompts are long
-  beside their answers: the cpu preset's prompt (two worked examples, ~230 tokens) is most
-  of a row of 48 answer tokens, and 8 answers carry it once instead of 8 times. The price
-  is a dense mask, so attention cannot take its causal fast path, and attention over the
-  whole row (prompt and every answer) where each answer needed only its own.
+  beside their answers: the cpu preset's prompt (two worked examples, ~175 tokens) is most
+  of a row whose answer has 13-17 tokens on average (48 at most), and 8 answers carry it
+  once instead of 8 times. The price is a dense mask, so attention cannot take its causal
+  fast path, and attends over the whole row (prompt and every answer) where each answer
+  needed only its own: on an H200, at the recipe's ~290-token answers, the update was 8-11%
+  slower with a third fewer tokens (BENCHMARKS.md), so the recipe leaves it off.
 
 `micro_batches` splits a global batch into passes for either layout: a fixed number of
 samples each (`--micro-batch-size`) or as many as fit in `--max-tokens-per-gpu` padded
