@@ -40,8 +40,13 @@ import time
 
 import torch
 
-from labkit import actor, packing
+from labkit import actor
 from labkit.actor import compute_logprobs, make_optimizer, train_on_rollout
+
+try:
+    from labkit import packing
+except ImportError:  # an older checkout (PYTHONPATH): its layout lives in labkit.actor
+    packing = None
 from labkit.config import RunConfig
 from labkit.models import enable_checkpointing, load_policy, resolve_model
 
@@ -64,11 +69,15 @@ def load_model(name: str, device):
 
 def padded_tokens(batch, cfg) -> int:
     """Tokens the update's passes hold, padding included (this checkout's layout)."""
-    idx = packing.longest_first(batch, torch.arange(batch.size))
     max_tokens = cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else None
+    if packing is None:
+        idx = actor._longest_first(batch, torch.arange(batch.size))
+        parts = actor.micro_batches(batch, idx, max_samples=cfg.micro_batch_size, max_tokens=max_tokens)
+        return sum(int(actor._micro_batch(batch, part, "cpu").ids.numel()) for part in parts)
+    idx = packing.longest_first(batch, torch.arange(batch.size))
     return sum(int(rows.ids.numel()) for _, rows in packing.passes(
         batch, idx, "cpu", max_samples=cfg.micro_batch_size, max_tokens=max_tokens,
-        share_prompt=cfg.share_prompt))
+        share_prompt=getattr(cfg, "share_prompt", False)))
 
 
 @contextlib.contextmanager
@@ -99,7 +108,8 @@ def made_up_rollout(samples: int, vocab: int, max_len: int, seed: int, group: in
     prompts = [p for p in prompts for _ in range(group)]
     answers = [torch.randint(0, vocab, (int(n),), generator=g).tolist() for n in answer_len]
     adv = torch.randn(samples, generator=g)
-    return packing.pack_rollout(prompts, answers, adv, [None] * samples, pad_id=0)
+    pack = packing.pack_rollout if packing is not None else actor.pack_rollout
+    return pack(prompts, answers, adv, [None] * samples, pad_id=0)
 
 
 def time_variant(model, optimizer, cfg, batch, *, separate_old: bool, autocast, repeats: int,
