@@ -141,10 +141,9 @@ def _optimizer_step(model, optimizer, batch: RolloutBatch, idx: torch.Tensor, cf
     seq_mean = cfg.loss_agg_mode == "seq-mean"
     denom = float(len(idx)) if seq_mean else float(lengths[idx].sum().clamp(min=1))
     max_tokens = cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else None
-    share = bool(getattr(cfg, "share_prompt", False))
     optimizer.zero_grad(set_to_none=True)
     for mb, rows in passes(batch, idx, device, max_samples=cfg.micro_batch_size,
-                           max_tokens=max_tokens, share_prompt=share):
+                           max_tokens=max_tokens, share_prompt=cfg.share_prompt):
         rmask, r = rows.rmask, rows.r
         lp, ent = _forward_logprobs(model, rows, cfg.rollout_temperature, autocast,
                                     entropy="loss" if cfg.entropy_coef > 0 else "stat")

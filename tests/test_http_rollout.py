@@ -32,8 +32,8 @@ from labkit.engines.weight_sync import (
     make_sync_folder,
     remove_stale_sync_folders,
     sync_weights,
-    write_weights,
 )
+from labkit.engines.weights_file import write_weights
 from labkit.run.checkpoint import latest_checkpoint
 from labkit.run.log import RunLogError, open_run_folder
 from labkit.run.metrics import METRICS

@@ -30,7 +30,6 @@ from pathlib import Path
 import aiohttp
 
 from labkit.engines.served_sync import LOAD_WEIGHTS_METHOD, WORKER_EXTENSION
-from labkit.engines.weights_file import write_weights  # noqa: F401  (the sync's file, named here too)
 from labkit.errors import LabkitError
 from labkit.serving.client import RouterUnavailable
 
