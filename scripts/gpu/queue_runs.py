@@ -72,7 +72,7 @@ def run_queue(a: argparse.Namespace) -> int:
             continue
         if (runs_dir / name).exists():  # an earlier try that did not finish: keep it aside
             shutil.move(str(runs_dir / name), f"{runs_dir / name}.failed{int(time.time())}")
-        argv = [*COMMON, *flags, "--model", a.model, "--data", a.data,
+        argv = [*COMMON, *flags, *a.extra.split(), "--model", a.model, "--data", a.data,
                 "--output-dir", str(runs_dir), "--run-name", name]
         say(a.name, f"{name} start: {' '.join(flags)}")
         start = time.time()
@@ -92,6 +92,9 @@ def main() -> int:
     p.add_argument("--data", required=True)
     p.add_argument("--runs-dir", required=True)
     p.add_argument("--name", default="queue", help="this queue's name in the log")
+    p.add_argument("--extra", default="", help="flags after each run's own, for how the machine "
+                   "is shared (e.g. four runs to a GPU: --gradient-checkpointing --max-tokens-per-gpu "
+                   "24576); they change memory and speed, not the run's algorithm")
     return run_queue(p.parse_args())
 
 

@@ -48,7 +48,9 @@
 # session.sh starts it detached (setsid) so it outlives the 10-minute calls; logs go to
 # $SOLO/logs, run folders to $SOLO/runs; `session.sh collect` brings them back.
 #   GPU=0 SOLO=$HOME/solo M=model.gguf D=gsm8k-folder R=$HOME/runs bash scripts/gpu/solo.sh
-# Env: JOBS (default: all four, in that order), QUEUES (run queues after the jobs: 2).
+# Env: JOBS (default: all four, in that order), QUEUES (run queues after the jobs: 2),
+# QUEUE_EXTRA (flags for every queued run: how it shares the GPU), QUEUE_ALLOC (their
+# PYTORCH_CUDA_ALLOC_CONF).
 # Each job has its own limit (timeout; SIGTERM first, so a labkit run stops after its step
 # with its log complete). Whole-GPU memory is sampled by nvidia-smi every second: the
 # trainer's perf/max_gpu_memory_gb counts torch's allocator only, not vLLM's.
@@ -171,13 +173,14 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       done ;;
     burst503) job burst503 "${BURST_LIMIT:-780}" python benchmarks/bench_router_bursts.py --model "$M" --data "$D" \
       --out "$L/burst503.jsonl" --logs "$L/burst503" ${BURST_ARGS:-} ;;
+    none) say "no jobs: straight to the run queues" ;;
     *) say "unknown job $j" ;;
   esac
 done
 say "jobs done; ${QUEUES:-2} run queues on GPU $CUDA_VISIBLE_DEVICES"
 for q in $(seq 1 "${QUEUES:-2}"); do
-  python scripts/gpu/queue_runs.py --model "$M" --data "$D" --runs-dir "$R" --name "gpu$GPU-q$q" \
-    >> "$R/queue-gpu$GPU-q$q.log" 2>&1 &
+  env ${QUEUE_ALLOC:+PYTORCH_CUDA_ALLOC_CONF=$QUEUE_ALLOC} python scripts/gpu/queue_runs.py --model "$M" \
+    --data "$D" --runs-dir "$R" --name "gpu$GPU-q$q" --extra "${QUEUE_EXTRA:-}" >> "$R/queue-gpu$GPU-q$q.log" 2>&1 &
   sleep 25  # vLLM measures memory at start: let the first engine settle
 done
 wait
