@@ -13,7 +13,11 @@ import labkit
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _queue_module():
+def _queue_module(monkeypatch):
+    # the script puts the checkout and its own folder on sys.path and imports plans.py:
+    # both are undone after the test
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "plans", raising=False)
     spec = importlib.util.spec_from_file_location("queue_runs", ROOT / "scripts" / "gpu" / "queue_runs.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -21,7 +25,7 @@ def _queue_module():
 
 
 def _run(tmp_path, monkeypatch, extra: str):
-    queue = _queue_module()
+    queue = _queue_module(monkeypatch)
     seen = []
 
     def fake_launch(cfg):
@@ -48,4 +52,3 @@ def test_without_extra_flags_a_run_is_the_plans_and_a_claimed_run_is_not_run_aga
     first = _run(tmp_path, monkeypatch, "")
     assert len(first) == 3 and not any(c.gradient_checkpointing for c in first)
     assert _run(tmp_path, monkeypatch, "") == []  # every run is claimed: a second queue runs none
-    sys.modules.pop("plans", None)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -72,9 +73,10 @@ def run_queue(a: argparse.Namespace) -> int:
             continue
         if (runs_dir / name).exists():  # an earlier try that did not finish: keep it aside
             shutil.move(str(runs_dir / name), f"{runs_dir / name}.failed{int(time.time())}")
-        argv = [*COMMON, *flags, *a.extra.split(), "--model", a.model, "--data", a.data,
+        own = [*flags, *shlex.split(a.extra)]
+        argv = [*COMMON, *own, "--model", a.model, "--data", a.data,
                 "--output-dir", str(runs_dir), "--run-name", name]
-        say(a.name, f"{name} start: {' '.join(flags)}")
+        say(a.name, f"{name} start: {' '.join(own)}")
         start = time.time()
         try:
             run = labkit.launch(config_from_args(argv, env={}))
