@@ -112,6 +112,18 @@ def nothing_kept_between_tests():
     keep.close()
 
 
+@pytest.fixture(autouse=True)
+def one_thread_again_after_each_test():
+    """The suite's one thread again after a test that gave torch more, and labkit's memory of
+    a count it lowered cleared: else a later run on a calmer machine raises its threads
+    (labkit.machine.cpuload) and its sums differ from a child's on one thread."""
+    yield
+    from labkit.machine import cpuload
+
+    cpuload._torch_default = None
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="module")
 def course_dir(tmp_path_factory):
     """The constructed course runs of tests/fixtures_runs.py, on disk."""
