@@ -172,17 +172,23 @@ def main() -> int:
                    help="token budgets of the shared-prompt variants with checkpointing")
     p.add_argument("--profile", action="store_true", help="print the top GPU ops of each variant")
     p.add_argument("--liger", action="store_true",
-                   help="liger-kernel's Qwen2 kernels (RMSNorm, SwiGLU, RoPE) in the model; the "
-                        "LM head stays labkit's chunked one")
+                   help="liger-kernel's kernels (RMSNorm, SwiGLU, RoPE) in the model, as "
+                        "--use-liger-kernel gives them (labkit.models.use_liger_kernels); the LM "
+                        "head stays labkit's chunked one")
+    p.add_argument("--compile", action="store_true",
+                   help="each decoder layer compiled by torch.compile (dynamic shapes), a probe: "
+                        "the first update of each variant pays the compilation")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = load_model(a.model, device)
     if a.liger:
-        from liger_kernel.transformers import apply_liger_kernel_to_qwen2
+        from labkit.models import use_liger_kernels
 
-        apply_liger_kernel_to_qwen2(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
-                                    fused_linear_cross_entropy=False, model=model)
+        use_liger_kernels(model)
+    if a.compile:
+        for layer in model.base_model.layers:
+            layer.compile(dynamic=True)
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else None
     autocast = autocast or contextlib.nullcontext
     optimizer = make_optimizer(model, RunConfig())
@@ -204,7 +210,8 @@ def main() -> int:
     for t in filter(None, a.shared_checkpointed.split(",")):
         variants[f"shared_checkpointed_{t}"] = (
             base.replace(max_tokens_per_gpu=int(t), share_prompt=True), False)
-    result = {"liger": a.liger, "machine": {"python": platform.python_version(), "torch": torch.__version__,
+    result = {"liger": a.liger, "compile": a.compile,
+              "machine": {"python": platform.python_version(), "torch": torch.__version__,
                           "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"},
               "samples": a.samples, "answer_tokens": tokens, "variants": {},
               "card_gib": (torch.cuda.get_device_properties(0).total_memory / 2**30

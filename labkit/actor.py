@@ -49,7 +49,8 @@ def _forward_logprobs(model, mb: Rows, temperature, autocast, entropy=None):
     the model's full logits are taken (the reference path the tests compare against).
     """
     weight = lm_head_weight(model)
-    inputs = dict(input_ids=mb.ids, position_ids=mb.positions, attention_mask=_attention_mask(model, mb))
+    inputs = dict(input_ids=mb.ids, position_ids=mb.positions, attention_mask=_attention_mask(model, mb),
+                  use_cache=False)  # a KV cache is for generation: here it would only hold K and V
     with autocast():
         if weight is not None:
             hidden = model.base_model(**inputs).last_hidden_state

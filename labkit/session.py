@@ -20,6 +20,7 @@ from labkit.actor import make_optimizer
 from labkit.config import RunConfig
 from labkit.engines import keep, make_engine, resolve_engine
 from labkit.engines.base import Engine
+from labkit.errors import ConfigError
 from labkit.evaluation import held_out_problems
 from labkit.machine.cpuload import fit_threads
 from labkit.machine.heat import HeatGuard, make_guard
@@ -27,11 +28,14 @@ from labkit.models import (
     default_device,
     disable_dropout,
     enable_checkpointing,
+    liger_family,
+    liger_patches,
     load_policy,
     load_tokenizer,
     pick_dtype,
     resolve_model,
     stop_token_ids,
+    use_liger_kernels,
 )
 from labkit.reward import load_reward
 from labkit.run.log import RunLog
@@ -83,11 +87,14 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
                                          synthetic_steps=cfg.synthetic_steps)
         eval_problems = held_out_problems(cfg)  # with auto, cut at the first evaluation
     reward_fn = load_reward(cfg.rm_type, cfg.custom_rm_path)
+    liger = liger_kernels(cfg, device)  # refused before a model loads: no GPU, or no liger-kernel
     with timed(timers, "startup_model"):
         path = resolve_model(cfg.model)
         tokenizer = load_tokenizer(path)
-        policy_key = (path, str(device), bool(cfg.gradient_checkpointing))
-        policy, policy_reused = keep.take_policy(policy_key, lambda: _load_policy(cfg, path, device))
+        if liger and cfg.use_liger_kernel is None and not liger_family(path):
+            liger = False  # auto: a model family liger-kernel has no kernels for
+        policy_key = (path, str(device), bool(cfg.gradient_checkpointing), liger)
+        policy, policy_reused = keep.take_policy(policy_key, lambda: _load_policy(cfg, path, device, liger))
     compute = pick_dtype(cfg.dtype, device)
     autocast = contextlib.nullcontext
     if compute != torch.float32:
@@ -104,6 +111,8 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
     log.add_to_config(heat_guard=guard.state)  # "off: no GPU" is said nowhere else
     if cfg.gradient_checkpointing is None:  # auto, for a run alone: off (labkit.machine.memory.share_gpu)
         log.add_to_config(gradient_checkpointing=False)
+    if cfg.use_liger_kernel is None:  # auto: what it was resolved to
+        log.add_to_config(use_liger_kernel=liger)
     if device.type == "cpu":  # a step's time depends on it (labkit.machine.cpuload)
         log.add_to_config(torch_threads=torch.get_num_threads())
     startup = {f"perf/{k}_time": v for k, v in timers.items()}
@@ -117,13 +126,32 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
                    owns_engine=owns_engine, startup=startup, policy_key=policy_key)
 
 
-def _load_policy(cfg: RunConfig, path: str, device) -> torch.nn.Module:
+def _load_policy(cfg: RunConfig, path: str, device, liger: bool) -> torch.nn.Module:
     # Master weights stay float32 (a 1e-6 step vanishes in bfloat16); bf16 is for compute.
     # The update runs in train mode (labkit.actor), where transformers checkpoints.
     policy = disable_dropout(load_policy(path, torch.float32, device))
     if cfg.gradient_checkpointing:
         enable_checkpointing(policy)
+    if liger:
+        use_liger_kernels(policy)
     return policy
+
+
+def liger_kernels(cfg: RunConfig, device) -> bool:
+    """Whether the policy takes liger-kernel's kernels: --use-liger-kernel (refused in one
+    line where they cannot run), or auto: where the update checkpoints, on a CUDA GPU with
+    liger-kernel installed (measured faster there; the plain update was not)."""
+    if cfg.use_liger_kernel is None:
+        if not cfg.gradient_checkpointing:
+            return False
+        try:
+            liger_patches(device)
+        except ConfigError:
+            return False
+        return True
+    if cfg.use_liger_kernel:
+        liger_patches(device)
+    return bool(cfg.use_liger_kernel)
 
 
 def start_engine(cfg: RunConfig, path: str, policy, tokenizer) -> tuple[Engine, bool, bool]:

@@ -23,7 +23,7 @@ class Uniform(torch.nn.Module):
         super().__init__()
         self.bias = torch.nn.Parameter(torch.zeros(4))
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, logits_to_keep=None):
+    def forward(self, input_ids, attention_mask=None, position_ids=None, logits_to_keep=None, use_cache=None):
         width = logits_to_keep or input_ids.shape[1]  # as transformers: the last positions only
         return SimpleNamespace(logits=self.bias.expand(input_ids.shape[0], width, 4))
 

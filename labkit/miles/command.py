@@ -68,6 +68,8 @@ IGNORED = {
                                "train/train_rollout_logprob_abs_diff covers them all",
     "share_prompt": "a layout of labkit's update (the same log-probs, fewer tokens); miles' "
                     "Megatron lays out its passes its own way",
+    "use_liger_kernel": "kernels of labkit's update (the same loss to bf16 rounding); Megatron "
+                        "fuses its own",
 }
 # Refused by value (set or not): a fixed KV cache size has no miles flag. SGLang sizes its
 # cache as a share of GPU memory (--sglang-mem-fraction-static, which labkit's

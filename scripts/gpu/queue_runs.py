@@ -8,6 +8,10 @@ plan through claim files (`<runs-dir>/.claims/<run>`, created exclusively), so t
 with two queues each work through one list. A run already completed in --runs-dir or in
 the repository's data/runs/ is skipped: a later session runs only what is missing. A file
 `<runs-dir>/.stop` (session.sh stop writes it) ends every queue after its current run.
+`--share N`: N queues share this GPU, so each run is set as `labkit sweep` sets one of N runs
+on a GPU (labkit.machine.placement.shared_gpu: a fixed KV cache, no sleep mode, gradient
+checkpointing at twice the default token budget, and with it liger-kernel's layers where
+they import).
 
     CUDA_VISIBLE_DEVICES=1 python scripts/gpu/queue_runs.py --plan held-out --model M.gguf \\
         --data gsm8k-folder --runs-dir $HOME/runs --name gpu1-a
@@ -58,11 +62,21 @@ def say(name: str, message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {name}: {message}", flush=True)
 
 
+def model_shape(model: str):
+    """The model's shape, which a shared GPU's settings are sized by."""
+    from labkit.machine.memory import ModelShape
+    from labkit.models import resolve_model
+
+    return ModelShape.of(resolve_model(model))
+
+
 def run_queue(a: argparse.Namespace) -> int:
     import labkit
     from labkit.config import config_from_args
+    from labkit.machine.placement import shared_gpu
 
     runs_dir = Path(a.runs_dir)
+    shape = model_shape(a.model) if a.share > 1 else None
     for name, flags in PLANS[a.plan].items():
         if (runs_dir / ".stop").exists():
             say(a.name, "asked to stop: claiming no more runs")
@@ -79,7 +93,13 @@ def run_queue(a: argparse.Namespace) -> int:
         say(a.name, f"{name} start: {' '.join(own)}")
         start = time.time()
         try:
-            run = labkit.launch(config_from_args(argv, env={}))
+            cfg = config_from_args(argv, env={})
+            if shape is not None:
+                cfg = shared_gpu(cfg, shape, a.share, None)
+                say(a.name, f"{name} shares the GPU with {a.share - 1} more: checkpointing "
+                    f"{cfg.gradient_checkpointing}, {cfg.max_tokens_per_gpu:,} tokens a micro-batch, "
+                    f"KV cache {cfg.rollout_kv_cache_gb:g} GiB, vLLM fraction {cfg.rollout_gpu_memory_fraction:g}")
+            run = labkit.launch(cfg)
             say(a.name, f"{name} {run.status['reason']} in {time.time() - start:.0f} s")
         except Exception:  # one failed run must not stop the queue
             say(a.name, f"{name} failed after {time.time() - start:.0f} s:\n{traceback.format_exc()}")
@@ -97,6 +117,9 @@ def main() -> int:
     p.add_argument("--extra", default="", help="flags after each run's own, for how the machine "
                    "is shared (e.g. four runs to a GPU: --gradient-checkpointing --max-tokens-per-gpu "
                    "24576); they change memory and speed, not the run's algorithm")
+    p.add_argument("--share", type=int, default=0, help="queues on this GPU: each run set as one "
+                   "of that many runs sharing a GPU (labkit sweep's own settings; a checkpointing or "
+                   "token budget that --extra sets stays)")
     return run_queue(p.parse_args())
 
 

@@ -6,7 +6,8 @@
 #                                         # then wait (WAIT s) and collect
 #   bash scripts/gpu/session.sh collect   # wait (WAIT s) and collect
 #   bash scripts/gpu/session.sh stop      # stop what still runs (each run after its step), collect
-# Env: PLAN (plans.py), WAIT (s of the call to fill, 540), QUEUES (per GPU, 2), JOBS (solo.sh).
+# Env: PLAN (plans.py), WAIT (s of the call to fill, 540), QUEUES (per GPU, 2), JOBS (solo.sh),
+# QUEUE_SHARE (queue_runs.py --share: each run set as one of that many on its GPU).
 # Everything comes back under $OUT as one tarball; run folders stay in $HOME/runs and
 # $HOME/solo between calls (while the machine stays warm).
 set -u
@@ -37,7 +38,7 @@ PY
   echo "dequantize: $(( $(date +%s) - T0 )) s" >> "$OUT/logs/versions.txt"
   NG=$(python -c "import torch; print(torch.cuda.device_count())")
   # the runs use a frozen copy of the code: later calls re-send the working tree
-  F=$HOME/frozen && rm -rf "$F" && mkdir -p "$F" && cp -r labkit benchmarks scripts data $([ -d notebooks ] && echo notebooks) "$F"/
+  F=$HOME/frozen && rm -rf "$F" && mkdir -p "$F" && cp -r labkit benchmarks scripts data tests pyproject.toml $([ -d notebooks ] && echo notebooks) "$F"/
   D=$(realpath "$D")
   export PYTHONPATH=$F${PYTHONPATH:+:$PYTHONPATH}  # the frozen labkit first, for every job
   ( cd "$F" && GPU=0 SOLO=$SOLO M=$M D=$D R=$R QUEUES=${QUEUES:-2} JOBS=${JOBS:-} \
@@ -46,6 +47,7 @@ PY
     for q in $(seq 1 "${QUEUES:-2}"); do
       ( cd "$F" && CUDA_VISIBLE_DEVICES=$g setsid nohup python scripts/gpu/queue_runs.py \
           --plan "${PLAN:-held-out}" --model "$M" --data "$D" --runs-dir "$R" --name "gpu$g-q$q" \
+          --share "${QUEUE_SHARE:-0}" \
           >> "$R/queue-gpu$g-q$q.log" 2>&1 < /dev/null & )
       sleep 25
     done

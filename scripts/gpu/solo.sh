@@ -17,8 +17,15 @@
 #   sweep4, sweep2  4 and 2 recipe runs side by side (`labkit sweep`, seeds 1-4 / 1-2)
 #   sweep4_mps      sweep4 with NVIDIA MPS (one daemon for the GPU, started and quit here)
 #   lesson_sweep    lesson 1.3's GPU cell: 4, 8 and 16 answers side by side, 24 steps, held-out
-#                   accuracy at both ends, cold
+#                   accuracy at both ends, cold (LESSON_EXTRA: flags added to it)
 #   update_probe    the update alone, one process and 4 side by side (update_side_by_side.sh)
+#   update_kernels  the update alone (recipe's architecture, random weights), plain at 12,288 tokens
+#                   and checkpointed at 24,576: labkit's layers and liger-kernel's
+#                   (--use-liger-kernel) in turn, two processes each, then each layer compiled
+#   gpu_tests       the tests that need a GPU (tests/test_liger.py: the update with liger's kernels
+#                   against the update without)
+#   alone_liger, side4_liger
+#                   alone and side4 with --use-liger-kernel
 #   alone, side4, side3, side2
 #                   the recipe as a user types it, STEPS steps, no evaluation: one run alone
 #                   (seed 21), then `labkit sweep --seed 21,22,23,24` (and the first 3, 2 seeds),
@@ -49,8 +56,8 @@
 # $SOLO/logs, run folders to $SOLO/runs; `session.sh collect` brings them back.
 #   GPU=0 SOLO=$HOME/solo M=model.gguf D=gsm8k-folder R=$HOME/runs bash scripts/gpu/solo.sh
 # Env: JOBS (default: all four, in that order), QUEUES (run queues after the jobs: 2),
-# QUEUE_EXTRA (flags for every queued run: how it shares the GPU), QUEUE_ALLOC (their
-# PYTORCH_CUDA_ALLOC_CONF).
+# QUEUE_SHARE (queued runs set as one of that many on a GPU: queue_runs.py --share),
+# QUEUE_EXTRA (flags for every queued run), QUEUE_ALLOC (their PYTORCH_CUDA_ALLOC_CONF).
 # Each job has its own limit (timeout; SIGTERM first, so a labkit run stops after its step
 # with its log complete). Whole-GPU memory is sampled by nvidia-smi every second: the
 # trainer's perf/max_gpu_memory_gb counts torch's allocator only, not vLLM's.
@@ -138,7 +145,7 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
         --seed "$seeds" --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name "$j" ;;
     lesson_sweep) job lesson_sweep 600 python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
       --seed "${LESSON_SEED:-11}" --lr 1e-6 --engine vllm --save-interval -1 --no-progress --model "$M" --data "$D" \
-      --output-dir "$SOLO/runs" --run-name lesson ;;
+      --output-dir "$SOLO/runs" --run-name lesson ${LESSON_EXTRA:-} ;;
     alone16) job alone16 300 python -m labkit launch "${SHORT[@]}" --n-samples-per-prompt 16 \
       --global-batch-size 512 --seed 21 --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name alone16 ;;
     http2|http1|http1d|burst503)
@@ -173,6 +180,19 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       done ;;
     burst503) job burst503 "${BURST_LIMIT:-780}" python benchmarks/bench_router_bursts.py --model "$M" --data "$D" \
       --out "$L/burst503.jsonl" --logs "$L/burst503" ${BURST_ARGS:-} ;;
+    update_kernels)  # the update alone: labkit's layers and liger-kernel's in turn, then compiled layers
+      UK=(python benchmarks/bench_update.py --model random:qwen2.5-0.5b --samples 256 --dynamic-only
+          --budgets 12288 --checkpointed 24576 --repeats 3)
+      for k in 1 2; do
+        job "update_labkit$k" 150 "${UK[@]}" --out "$L/update_labkit$k.json"
+        job "update_liger$k" 150 "${UK[@]}" --liger --out "$L/update_liger$k.json"
+      done
+      job update_compiled 200 "${UK[@]}" --compile --out "$L/update_compiled.json" ;;
+    gpu_tests) job gpu_tests 240 python -m pytest -q -p no:cacheprovider -rs tests/test_liger.py ;;
+    alone_liger) job alone_liger 300 python -m labkit launch "${SHORT[@]}" --seed 21 --model "$M" --data "$D" \
+      --output-dir "$SOLO/runs" --run-name alone-liger --use-liger-kernel ;;
+    side4_liger) job side4_liger 480 python -m labkit sweep "${SHORT[@]}" --seed 21,22,23,24 --model "$M" \
+      --data "$D" --output-dir "$SOLO/runs" --run-name side4-liger --use-liger-kernel ;;
     none) say "no jobs: straight to the run queues" ;;
     *) say "unknown job $j" ;;
   esac
@@ -180,7 +200,8 @@ done
 say "jobs done; ${QUEUES:-2} run queues on GPU $CUDA_VISIBLE_DEVICES"
 for q in $(seq 1 "${QUEUES:-2}"); do
   env ${QUEUE_ALLOC:+PYTORCH_CUDA_ALLOC_CONF=$QUEUE_ALLOC} python scripts/gpu/queue_runs.py --model "$M" \
-    --data "$D" --runs-dir "$R" --name "gpu$GPU-q$q" --extra "${QUEUE_EXTRA:-}" >> "$R/queue-gpu$GPU-q$q.log" 2>&1 &
+    --data "$D" --runs-dir "$R" --name "gpu$GPU-q$q" --extra "${QUEUE_EXTRA:-}" --share "${QUEUE_SHARE:-0}" \
+    >> "$R/queue-gpu$GPU-q$q.log" 2>&1 &
   sleep 25  # vLLM measures memory at start: let the first engine settle
 done
 wait
