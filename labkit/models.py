@@ -222,13 +222,12 @@ def use_liger_kernels(model: torch.nn.Module) -> None:
     apply(model=model, **LIGER_KERNELS)
 
 
-def liger_family(path: str) -> bool:
-    """Whether liger-kernel has kernels for the family of the model folder `path` (its
-    config's model_type); liger-kernel must import (liger_patches)."""
-    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+def liger_family(path: str, patches: dict) -> bool:
+    """Whether `patches` (liger_patches) hold kernels for the family of the model at `path`
+    (its config's model_type)."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(path).model_type in MODEL_TYPE_TO_APPLY_LIGER_FN
+    return AutoConfig.from_pretrained(path).model_type in patches
 
 
 def liger_patches(device: torch.device) -> dict:

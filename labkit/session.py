@@ -87,12 +87,10 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
                                          synthetic_steps=cfg.synthetic_steps)
         eval_problems = held_out_problems(cfg)  # with auto, cut at the first evaluation
     reward_fn = load_reward(cfg.rm_type, cfg.custom_rm_path)
-    liger = liger_kernels(cfg, device)  # refused before a model loads: no GPU, or no liger-kernel
     with timed(timers, "startup_model"):
         path = resolve_model(cfg.model)
+        liger = liger_kernels(cfg, device, path)  # refused before the policy loads
         tokenizer = load_tokenizer(path)
-        if liger and cfg.use_liger_kernel is None and not liger_family(path):
-            liger = False  # auto: a model family liger-kernel has no kernels for
         policy_key = (path, str(device), bool(cfg.gradient_checkpointing), liger)
         policy, policy_reused = keep.take_policy(policy_key, lambda: _load_policy(cfg, path, device, liger))
     compute = pick_dtype(cfg.dtype, device)
@@ -137,21 +135,20 @@ def _load_policy(cfg: RunConfig, path: str, device, liger: bool) -> torch.nn.Mod
     return policy
 
 
-def liger_kernels(cfg: RunConfig, device) -> bool:
+def liger_kernels(cfg: RunConfig, device, path: str) -> bool:
     """Whether the policy takes liger-kernel's kernels: --use-liger-kernel (refused in one
     line where they cannot run), or auto: where the update checkpoints, on a CUDA GPU with
-    liger-kernel installed (measured faster there; the plain update was not)."""
-    if cfg.use_liger_kernel is None:
-        if not cfg.gradient_checkpointing:
-            return False
-        try:
-            liger_patches(device)
-        except ConfigError:
-            return False
-        return True
-    if cfg.use_liger_kernel:
-        liger_patches(device)
-    return bool(cfg.use_liger_kernel)
+    liger-kernel installed, for a model family it has kernels for (measured faster there;
+    the plain update was not)."""
+    if cfg.use_liger_kernel is False or (cfg.use_liger_kernel is None and not cfg.gradient_checkpointing):
+        return False
+    try:
+        patches = liger_patches(device)
+    except ConfigError:
+        if cfg.use_liger_kernel:
+            raise
+        return False
+    return bool(cfg.use_liger_kernel) or liger_family(path, patches)
 
 
 def start_engine(cfg: RunConfig, path: str, policy, tokenizer) -> tuple[Engine, bool, bool]:

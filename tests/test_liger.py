@@ -49,9 +49,18 @@ def test_the_flag_reaches_the_config_and_auto_is_the_default():
 def test_auto_takes_the_kernels_where_the_update_checkpoints(flag, checkpointed, on, monkeypatch):
     import labkit.session
 
-    monkeypatch.setattr(labkit.session, "liger_patches", lambda device: {})  # as if they could run
+    monkeypatch.setattr(labkit.session, "liger_patches", lambda device: {"qwen2": None})  # as if they could run
+    monkeypatch.setattr(labkit.session, "liger_family", lambda path, patches: "qwen2" in patches)
     cfg = RunConfig(use_liger_kernel=flag, gradient_checkpointing=checkpointed)
-    assert labkit.session.liger_kernels(cfg, torch.device("cuda")) is on
+    assert labkit.session.liger_kernels(cfg, torch.device("cuda"), "a-qwen2-folder") is on
+
+
+def test_auto_leaves_out_a_model_family_liger_kernel_has_no_kernels_for(tiny_model_dir, monkeypatch):
+    import labkit.session
+
+    monkeypatch.setattr(labkit.session, "liger_patches", lambda device: {"qwen2": None})
+    cfg = RunConfig(gradient_checkpointing=True)
+    assert labkit.session.liger_kernels(cfg, torch.device("cuda"), str(tiny_model_dir)) is False  # a llama
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU machine: auto finds no GPU")
