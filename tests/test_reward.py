@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import math
 import os
 import re
@@ -307,7 +308,7 @@ def test_answers_in_words_never_reach_math_verify(monkeypatch):
     """Rule 6: math-verify reads `42 (or 43)` as 43; only an expression goes to it, without
     its unit."""
     asked = []
-    monkeypatch.setattr(reward, "verify_with_timeout",
+    monkeypatch.setattr(reward.math, "verify_with_timeout",
                         lambda answer, label, timeout_s=None: asked.append(answer) or True)
     assert math_reward("#### 42 (or 43)", "43") == 0.0
     assert math_reward("#### 42 apples (or 43)", "43") == 0.0
@@ -342,6 +343,153 @@ def test_math_format_credit_goes_to_wrong_numbers_only():
     assert math_format_reward("#### 42 (6 x 7 = 42)", "7") == FORMAT_CREDIT
     assert math_format_reward("#### 2 1/2 hours", "3") == FORMAT_CREDIT
     assert math_format_reward("#### In 2 weeks she saves 42", "42") == 0.0
+
+
+# ------------------------------------------------------------ classes of numbers (labkit.reward.number)
+# made-up answers of each class models write: several of each, none of them the lines the
+# classes were first found by
+CLASSES = [
+    # words inside the box, before the number (and after it)
+    ("\\boxed{\\textbf{Final answer:} 56}", "56", 1.0),
+    ("\\boxed{\\mbox{Total: }18}", "18", 1.0),
+    ("\\boxed{\\text{She needs } 7 \\text{ more boxes}}", "7", 1.0),
+    ("\\boxed{\\text{The temperature is } -12}", "-12", 1.0),
+    ("\\boxed{\\textit{Answer: } 3.75}", "3.75", 1.0),
+    ("\\boxed{\\text{about } \\$1,250}", "1250", 1.0),
+    ("\\boxed{The answer is 88}", "88", 1.0),
+    ("\\boxed{\\text{\\textbf{64}}}", "64", 1.0),
+    ("\\boxed{\\mathbf{31}}", "31", 1.0),
+    ("\\boxed{\\text{Each gets }\\frac{3}{4}}", "0.75", 1.0),
+    ("\\boxed{\\approx 42}", "42", 1.0),
+    ("\\boxed{\\text{The answer is } 57}", "75", 0.0),
+    ("\\boxed{\\text{In 3 days she reads } 45}", "45", 0.0),  # two numbers (rule 6)
+    ("\\boxed{\\text{In 3 days she reads } 45}", "3", 0.0),
+    ("\\boxed{\\text{between } 40 \\text{ and } 50}", "40", 0.0),
+    ("\\boxed{\\text{x } 5}", "5", 0.0),  # a letter is no lead-in
+    # thousands grouped by spaces: plain, no-break, narrow no-break, thin, LaTeX's
+    ("#### 2 500", "2500", 1.0),
+    ("#### 12 345 678", "12345678", 1.0),
+    ("#### -3 000", "-3000", 1.0),
+    ("#### $4 500.50", "4500.5", 1.0),
+    ("#### 1\u00a0500 apples", "1500", 1.0),
+    ("#### 3\u202f000\u202f000", "3000000", 1.0),
+    ("#### 7\u2009250 km", "7250", 1.0),
+    ("\\boxed{1\\,000\\,000}", "1000000", 1.0),
+    ("\\boxed{1\\ 500}", "1500", 1.0),
+    ("#### 1{,}234{,}567", "1234567", 1.0),  # LaTeX's comma
+    ("#### 1 2345", "12345", 0.0),  # not groups of three: two numbers
+    ("#### 1234 567", "1234567", 0.0),
+    ("#### 7 50", "750", 0.0),
+    ("#### 12\\,34", "1234", 0.0),
+    ("#### 12 34", "12", 0.0),
+    # e-notation, whatever the letter's case
+    ("#### 2.5e3", "2500", 1.0),
+    ("#### 2.5E+3", "2500", 1.0),
+    ("#### 7.5e-1", "0.75", 1.0),
+    ("#### -4e2", "-400", 1.0),
+    ("\\boxed{3E2}", "300", 1.0),
+    ("#### 1e3 dollars", "1000", 1.0),
+    ("#### 5e", "5", 0.0),  # no exponent: not e-notation
+    # a power of ten written out
+    ("#### 3 \\cdot 10^4", "30000", 1.0),
+    ("#### 4.2 X 10^2", "420", 1.0),
+    ("#### 2.5 \u22c5 10^{-1}", "0.25", 1.0),
+    ("#### 6*10**3", "6000", 1.0),
+    ("#### -1.5 \u00d7 10\u2074", "-15000", 1.0),  # a superscript exponent
+    ("#### 2.5 \u00b7 10\u207b\u00b2", "0.025", 1.0),
+    ("#### 7 \u00d7 10^2 km", "700", 1.0),
+    ("#### 10^{2}", "100", 1.0),
+    ("#### 10\u2075", "100000", 1.0),
+    ("#### 1.2 x 10^3", "1.2", 0.0),
+    ("#### 3 x 10^2 + 1", "300", 0.0),  # an operator after it (rule 6)
+    ("#### 1.2 x 10^3 or 1.3 x 10^3", "1200", 0.0),
+    # vulgar fractions, against a digit, after a space, alone, with a fraction slash
+    ("#### 3\u00bc", "3.25", 1.0),
+    ("#### \u00bd", "0.5", 1.0),
+    ("#### -1\u00bd", "-1.5", 1.0),
+    ("#### 4 \u00be cups", "4.75", 1.0),
+    ("#### \u215d of a tank", "0.625", 1.0),
+    ("\\boxed{2\u2154}", "8/3", 1.0),
+    ("#### 5\u20448", "0.625", 1.0),
+    ("#### 2\u00b9\u2044\u2082 hours", "2.5", 1.0),
+    ("#### $3\u00bd", "3.5", 1.0),
+    ("#### 3\u00bc", "3", 0.0),
+    ("#### 2 and \u00bd", "2.5", 0.0),  # words that add to it (rule 6)
+    # other classes: currency signs, full-width digits, markup, a unit's power
+    ("#### \u20ac42", "42", 1.0),
+    ("\\boxed{\u00a342}", "42", 1.0),
+    ("\\boxed{42\u20ac}", "42", 1.0),
+    ("#### \uff14\uff12", "42", 1.0),
+    ("\\boxed{\\displaystyle 42}", "42", 1.0),
+    ("#### 9.8 m s^{-2}", "9.8", 1.0),
+    ("#### 42 m\u00b2", "42", 1.0),
+]
+
+
+@pytest.mark.parametrize("response,label,expected", CLASSES)
+def test_each_class_of_numbers(response, label, expected):
+    assert math_reward(response, label) == expected
+
+
+@pytest.mark.parametrize("answer,value", [
+    ("1 234 567", 1234567), ("1\u00a0234", 1234), ("1\u202f234", 1234), ("1\u2009234", 1234),
+    ("1e3", 1000), ("1E3", 1000), ("-1.5e-2", Fraction(-3, 200)), ("1.2 x 10^3", 1200),
+    ("1.5 \u00d7 10\u00b3", 1500), ("1.5 \\times 10^{3}", 1500), ("1.5*10^3", 1500),
+    ("1.5 \u00b7 10^3", 1500), ("2\u00bd", Fraction(5, 2)), ("2 \u00bd", Fraction(5, 2)),
+    ("\u00be", Fraction(3, 4)), ("1\u2153", Fraction(4, 3)), ("The answer is 42", 42),
+])
+def test_parse_number_reads_each_class(answer, value):
+    assert parse_number(answer) == value
+
+
+@pytest.mark.parametrize("answer", ["42 43", "12 34", "1 2345", "7 50", "2 1/2 3", "1e401",
+                                    "2 x 10^999", "10^{100000}", "3,5", "1.234.567", "1 234 56"])
+def test_what_is_not_one_number_stays_refused(answer):
+    """Groups of exactly three digits make one number; other numbers side by side stay two
+    (rule 6); powers past MAX_EXPONENT and the debatable separators read as no number."""
+    from labkit.reward import math_format_reward
+
+    assert parse_number(answer) is None
+    assert math_format_reward(f"#### {answer}", "987654") == 0.0  # no number, no format credit
+
+
+def test_the_debatable_answers_read_as_the_docstring_says():
+    """A decimal comma is no number, a dot is the decimal point, rounding is not forgiven
+    (labkit.reward.math's docstring says why)."""
+    from labkit.reward import math_format_reward
+
+    assert math_reward("#### 3,5", "3.5") == math_reward("#### 3,5", "35") == 0.0
+    assert math_reward("#### 3,500", "3500") == 1.0
+    assert parse_number("1.234") == Fraction(1234, 1000)
+    assert math_reward("#### 1.234", "1234") == 0.0
+    assert math_reward("#### 3.3333", "3.33") == math_reward("#### 3.33", "10/3") == 0.0
+    assert math_format_reward("#### 3.3333", "3.33") == 0.1  # a wrong number, in the format
+    assert math_reward("#### 42 430", "42430") == 1.0
+
+
+def test_format_credit_follows_the_classes():
+    """math_format pays 1.0 to a right answer of every class, and 0.1 to a wrong one that
+    reads as one number in the asked format."""
+    from labkit.reward import FORMAT_CREDIT, math_format_reward
+
+    for response, label, expected in CLASSES:
+        if expected == 1.0:
+            assert math_format_reward(response, label) == 1.0, response
+        readable = parse_number(extract_final_answer(response)) is not None
+        hashed = response.startswith("####")
+        assert math_format_reward(response, "987654") == (
+            FORMAT_CREDIT if readable and hashed else 0.0), response
+
+
+def test_numbers_never_reach_math_verify(monkeypatch):
+    """The exact path reads every class itself: math-verify is not asked."""
+    asked = []
+    monkeypatch.setattr(reward.math, "verify_with_timeout",
+                        lambda answer, label, timeout_s=None: asked.append(answer) or False)
+    for response, label, expected in CLASSES:
+        if expected == 1.0:
+            assert math_reward(response, label) == 1.0, response
+    assert asked == []
 
 
 ADVERSARIAL = {
@@ -445,7 +593,7 @@ def test_a_check_past_its_timeout_is_killed_and_the_fallback_stays_on(monkeypatc
     """With the pre-check off, each hostile answer runs past its timeout: its worker is
     killed (the process is gone, no thread is left behind) and the next check gets a new
     one, however many came before; `16 + 8` still scores 1 after them."""
-    monkeypatch.setattr(reward, "is_safe_for_sympy", lambda text: True)
+    monkeypatch.setattr(reward.math, "is_safe_for_sympy", lambda text: True)
     assert math_reward("\\boxed{16 + 8}", "24") == 1.0
     threads = _threads()
     for _ in range(6):  # more than the 4 stuck threads that used to switch math-verify off
@@ -468,7 +616,7 @@ def test_a_check_past_its_timeout_is_killed_and_the_fallback_stays_on(monkeypatc
 def test_hostile_and_plain_checks_from_a_thread_pool(monkeypatch):
     """Threads share the one worker: a check killed for its time costs no other check its
     answer."""
-    monkeypatch.setattr(reward, "is_safe_for_sympy", lambda text: True)
+    monkeypatch.setattr(reward.math, "is_safe_for_sympy", lambda text: True)
     jobs = [(HOSTILE, 0.3), ("16 + 8", 60.0)] * 3
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         got = list(pool.map(lambda job: reward.verify_with_timeout(job[0], "24", timeout_s=job[1]),
@@ -503,6 +651,19 @@ def _alive(pid: int) -> bool:
 
 
 # ------------------------------------------------------------------ registry
+def test_the_package_face_reexports_its_modules():
+    """labkit.reward is the face: each public name is the very object its module defines,
+    and every name the lessons take from it is listed."""
+    from public_faces import assert_reexports, names_used_in_notebooks
+
+    from labkit.reward import custom, final_answer, number, scoring
+    from labkit.reward import math as math_rewards
+
+    assert_reexports(reward, (custom, final_answer, number, math_rewards, scoring, reward))
+    used = names_used_in_notebooks("labkit.reward")
+    assert {"math_reward", "math_format_reward"} <= used <= set(reward.__all__)
+
+
 def test_registry_and_config_accept_math():
     from labkit.config import ConfigError, RunConfig
 
@@ -579,6 +740,181 @@ def test_score_survives_a_raising_reward_and_warns_once():
 def test_score_refuses_mismatched_lengths():
     with pytest.raises(ValueError, match="2 responses but 1 labels"):
         score(["a", "b"], ["1"], math_reward)
+
+
+# ------------------------------------------------------------------ rewards that misbehave
+MISBEHAVING = """
+import sys
+
+
+class Finished(BaseException):
+    pass
+
+
+def closes(response, label):
+    raise GeneratorExit
+
+
+def finishes(response, label):
+    raise Finished("no more answers")
+
+
+def exits(response, label):
+    sys.exit(3)
+
+
+def huge(response, label):
+    return 1e300
+
+
+def infinite(response, label):
+    return float("-inf")
+
+
+def big_int(response, label):
+    return 10 ** 400
+
+
+def always_raises(response, label):
+    raise ValueError("the label is not a date")
+
+
+def returns_none(response, label):
+    return None
+
+
+def always_nan(response, label):
+    return float("nan")
+
+
+def large_but_fine(response, label):
+    return 1e12 if len(response) % 2 else -1e12
+"""
+
+
+def _line(statement: str) -> int:
+    """The line of MISBEHAVING that holds `statement` (as a traceback numbers it)."""
+    return next(i for i, line in enumerate(MISBEHAVING.splitlines(), 1) if statement in line)
+
+
+@pytest.fixture()
+def misbehaving(tmp_path) -> Path:
+    path = tmp_path / "misbehaving.py"
+    path.write_text(MISBEHAVING)
+    return path
+
+
+def _refusal(fn, responses=("#### 1", "#### 2", "#### 3", "#### 4")) -> str:
+    """The one-line message a score() of `fn` stops with (a LabkitError: the CLI's one line)."""
+    from labkit.errors import LabkitError
+
+    with pytest.raises(LabkitError) as e:
+        score(list(responses), ["1"] * len(responses), fn)
+    message = str(e.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("name, said", [
+    ("closes", f"GeneratorExit was raised in {{file}}, line {_line('raise GeneratorExit')}, by the reward "
+     "{file}:closes"),
+    ("finishes", f"Finished (no more answers) was raised in {{file}}, line {_line('raise Finished')}, "
+                 "by the reward {file}:finishes"),
+    ("exits", f"SystemExit: sys.exit(3) was called in {{file}}, line {_line('sys.exit(3)')}, by the "
+               "reward {file}:exits"),
+])
+def test_a_reward_that_ends_with_a_base_exception_stops_in_one_line(misbehaving, name, said):
+    """GeneratorExit, SystemExit, a BaseException of the user's own: not an answer scored 0
+    but the run's end, said in one line naming the error, the file and line, the function."""
+    message = _refusal(load_reward("math", f"{misbehaving}:{name}"))
+    assert message.startswith(said.format(file=misbehaving)), message
+
+
+def test_ctrl_c_in_a_reward_stays_a_stop():
+    def interrupted(response, label):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        score(["a", "b"], ["1", "1"], interrupted)
+
+
+@pytest.mark.parametrize("name, value", [("huge", "1e+300"), ("infinite", "-inf"),
+                                         ("big_int", "100000000000")])
+def test_a_reward_past_the_largest_stops_naming_the_value(misbehaving, name, value):
+    """inf, or so large that the group statistics overflow: refused, not trained on."""
+    from labkit.reward import MAX_REWARD
+
+    message = _refusal(load_reward("math", f"{misbehaving}:{name}"))
+    assert message.startswith(f"the reward {misbehaving}:{name} returned {value}"), message
+    assert f"within ±{MAX_REWARD:g}" in message
+    fine = load_reward("math", f"{misbehaving}:large_but_fine")
+    assert score(["a", "ab"], ["1", "1"], fine) == [1e12, -1e12]
+
+
+@pytest.mark.parametrize("name, first", [
+    ("always_raises", f"raised ValueError: the label is not a date in {{file}}, line "
+                      f"{_line('not a date')}"),
+    ("returns_none", "returned None, not a number"),
+    ("always_nan", "returned nan"),
+])
+def test_a_reward_that_fails_on_every_answer_stops_the_run(misbehaving, name, first):
+    """Every answer of a step failed: the run would train on zeros and learn nothing, so it
+    stops, naming the function and the first failure. One answer alone (miles scores them
+    one at a time) still scores 0.0 with a warning, as does a step where some succeed."""
+    fn = load_reward("math", f"{misbehaving}:{name}")
+    message = _refusal(fn)
+    assert message.startswith(f"the reward {misbehaving}:{name} failed on every answer of the "
+                              f"step (4 of 4; the first {first.format(file=misbehaving)})"), message
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        assert score(["#### 1"], ["1"], fn) == [0.0]
+
+
+def test_a_custom_reward_is_named_as_its_path_spells_it(misbehaving, tmp_path, monkeypatch):
+    from labkit.reward import reward_name
+
+    assert reward_name(load_reward("math", f"{misbehaving}:huge")) == f"{misbehaving}:huge"
+    _write_module(tmp_path, "my_named_rm")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert reward_name(load_reward("math", "my_named_rm:contains")) == "my_named_rm:contains"
+    assert reward_name(math_reward) == "labkit.reward.math:math_reward"
+
+
+RUN_FLAGS = ["--data", "synthetic", "--engine", "hf", "--rollout-batch-size", "2",
+             "--n-samples-per-prompt", "4", "--global-batch-size", "8", "--num-rollout", "2",
+             "--rollout-max-response-len", "12", "--lr", "1e-3", "--eval-split-size", "0",
+             "--no-progress", "--run-name", "tiny"]
+
+
+@pytest.mark.parametrize("name, said", [
+    ("closes", f"GeneratorExit was raised in {{file}}, line {_line('raise GeneratorExit')}, by the reward "
+     "{file}:closes"),
+    ("huge", "the reward {file}:huge returned 1e+300 for an answer"),
+    ("always_raises", "the reward {file}:always_raises failed on every answer of the step (8 of 8"),
+])
+def test_a_run_with_a_misbehaving_reward_stops_in_one_line(tmp_path, tiny_model_dir, misbehaving,
+                                                          capsys, name, said):
+    """`labkit launch` with such a reward: exit 1 before any step is trained, one line on
+    stderr naming the function and the error, and status.json saying why, traceback kept."""
+    from labkit.cli import main
+
+    out = tmp_path / "runs"
+    flags = ["--model", str(tiny_model_dir), "--output-dir", str(out), *RUN_FLAGS,
+             "--custom-rm-path", f"{misbehaving}:{name}"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["launch", *flags]) == 1
+    said = said.format(file=misbehaving)
+    err = capsys.readouterr().err  # after transformers' bar while the model loads
+    lines = [line for line in err.splitlines() if line.strip() and "Loading weights" not in line]
+    assert len(lines) == 1 and lines[0].startswith(f"labkit launch: {said}"), err
+    assert lines[0].endswith(f"(status and traceback: {out / 'tiny' / 'status.json'})")
+    assert "Traceback" not in err
+    status = json.loads((out / "tiny" / "status.json").read_text())
+    assert status["reason"] == "error" and status["last_step"] == -1
+    assert status["message"].startswith(said)
+    assert str(misbehaving) in status["traceback"]
+    assert not (out / "tiny" / "metrics.jsonl").exists() or not (out / "tiny" / "metrics.jsonl").read_text()
 
 
 # ------------------------------------------------------------------ math_format
