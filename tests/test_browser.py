@@ -16,9 +16,13 @@ Kernel > Interrupt Kernel (the ■ button) once the launch cell's run has logged
 run stops after its step with a checkpoint, Run All goes on to the last cell, and
 `labkit launch --resume` continues the run with each step logged once. The live figure
 (labkit.course.live, lesson 1.3's rerun cell) over two stand-in runs that log a step every
-1.5 s: each image the cell shows is read off as the figure of so many steps, and they grow.
-A screenshot of the page is kept in the test's temporary folder, and in $LABKIT_SCREENSHOTS
-when set.
+1.5 s: each image the cell shows is read off as the figure of so many steps, and they grow,
+and the last is the final figure, no longer titled live. Lesson 1.3's cells as a student
+meets them: the rise table of a completed and a stopped rerun (every column and the whole
+note in view), the rerun cell edited to another seed (refused in one line, without the old
+runs' figure), and answer cells that never end or run before the cells above them (one
+line each, and Run All goes on). A screenshot of the page is kept in the test's temporary
+folder, and in $LABKIT_SCREENSHOTS when set.
 
 Skipped, with the reason, without chromium, playwright or JupyterLab: `pytest -q` alone
 skips it. `.ci/run` installs both and sets LABKIT_REQUIRE_BROWSER, which turns the skip into
@@ -303,6 +307,8 @@ def live_reward(step, i):
 
 LIVE_STEPS = 6
 LIVE_RUNS = ["2 answers", "8 answers"]
+LIVE_ENDS = [{"reason": "completed", "last_step": LIVE_STEPS - 1},  # each run's status.json
+             {"reason": "signal", "last_step": LIVE_STEPS - 1}]
 # two runs that log a step every 1.5 s (what launch_many's runs do, minutes apart), drawn by
 # the rerun cell's live figure, redrawn at most every 0.5 s
 LIVE_CELL = f"""\
@@ -322,6 +328,8 @@ def log_steps():
             row = {{"rollout/step": step, "rollout/raw_reward": {live_reward("step", "i")}}}
             with open(folder / "metrics.jsonl", "a") as out:
                 out.write(json.dumps(row) + "\\n")
+    for folder, status in zip(folders, {LIVE_ENDS!r}):  # as each run ends
+        (folder / "status.json").write_text(json.dumps(status))
 
 runs = threading.Thread(target=log_steps)
 with labkit.course.live.LiveCurves(folders, every_s=0.5, steps={LIVE_STEPS}):
@@ -330,22 +338,30 @@ with labkit.course.live.LiveCurves(folders, every_s=0.5, steps={LIVE_STEPS}):
 """
 
 
-def live_figures() -> dict[bytes, int]:
-    """Every PNG the live figure can show for the cell's runs -> the steps it draws: the
-    figure drawn here, by the same code, for each count of logged steps."""
+def live_figures() -> dict[bytes, tuple[int, bool]]:
+    """Every PNG the live figure can show for the cell's runs -> (the steps it draws, whether
+    it is the final figure): the figure drawn here, by the same code, for each count of
+    logged steps, live and final (the final one with how each run ended, LIVE_ENDS)."""
     import io
+    import tempfile
 
     import labkit.course.live as live
 
     figures = {}
-    for logged in range(2 * LIVE_STEPS + 1):
-        curves = live.LiveCurves([Path(name) for name in LIVE_RUNS], steps=LIVE_STEPS)
-        for i, name in enumerate(LIVE_RUNS):  # run 0 logs a step before run 1 does
-            steps = (logged + 1 - i) // 2
-            curves._rewards[Path(name)] = [(s, live_reward(s, i)) for s in range(steps)]
-        png = io.BytesIO()
-        curves.figure().savefig(png, format="png", dpi=100)
-        figures[png.getvalue()] = logged
+    with tempfile.TemporaryDirectory() as there:
+        folders = [Path(there) / name for name in LIVE_RUNS]  # as the cell's, once they ended
+        for folder, status in zip(folders, LIVE_ENDS):
+            folder.mkdir()
+            (folder / "status.json").write_text(json.dumps(status))
+        for logged in range(2 * LIVE_STEPS + 1):
+            curves = live.LiveCurves(folders, steps=LIVE_STEPS)
+            for i, folder in enumerate(folders):  # run 0 logs a step before run 1 does
+                steps = (logged + 1 - i) // 2
+                curves._rewards[folder] = [(s, live_reward(s, i)) for s in range(steps)]
+            for final in (False, True):
+                png = io.BytesIO()
+                curves.figure(final=final).savefig(png, format="png", dpi=100)
+                figures[png.getvalue()] = (logged, final)
     return figures
 
 
@@ -357,12 +373,13 @@ def live_figures() -> dict[bytes, int]:
     "nbformat": 4, "nbformat_minor": 5}))], indirect=True)
 def test_the_live_figure_grows_in_the_cell_while_the_runs_log_steps(lab, tmp_path):
     """The rerun cell's figure in JupyterLab: while the cell runs, the image in its output is
-    redrawn with more steps each time, and ends with every step; read off each image by the
-    figure this test draws for that many steps."""
+    redrawn with more steps each time, titled live; it ends with every step, titled as the
+    final figure (no longer "live ... so far" once the runs are over). Each image is read
+    off by the figure this test draws for that many steps, live or final."""
     import base64
 
     figures = live_figures()
-    seen: list[int] = []
+    seen: list[tuple[int, bool]] = []
     with _lesson_page(lab) as page:
         _menu(page, "Run", "Run All Cells")
         end = time.monotonic() + 120  # the cell takes ~9 s
@@ -371,16 +388,24 @@ def test_the_live_figure_grows_in_the_cell_while_the_runs_log_steps(lab, tmp_pat
                                              "nodes => nodes.map(n => n.getAttribute('src'))")
             for src in srcs:
                 png = base64.b64decode(src.split(",", 1)[1])
-                logged = figures.get(png, -1)
-                if not seen or seen[-1] != logged:
-                    seen.append(logged)
+                shown = figures.get(png, (-1, False))
+                if not seen or seen[-1] != shown:
+                    seen.append(shown)
             if _prompts(page) == ["[1]:"]:
                 break
             page.wait_for_timeout(100)
+        page.wait_for_timeout(1000)  # the last image renders
+        for src in page.eval_on_selector_all(".jp-OutputArea-output img",
+                                             "nodes => nodes.map(n => n.getAttribute('src'))"):
+            shown = figures.get(base64.b64decode(src.split(",", 1)[1]), (-1, False))
+            if seen[-1] != shown:
+                seen.append(shown)
         page.screenshot(path=str(tmp_path / "live-figure.png"), full_page=True)
         _keep_screenshot(tmp_path / "live-figure.png")
-    assert -1 not in seen, f"an image that is not the figure of any count of steps: {seen}"
-    assert seen == sorted(seen) and seen[-1] == 2 * LIVE_STEPS, seen
+    steps = [logged for logged, _ in seen]
+    assert -1 not in steps, f"an image that is not the figure of any count of steps: {seen}"
+    assert steps == sorted(steps) and seen[-1] == (2 * LIVE_STEPS, True), seen
+    assert not any(final for _, final in seen[:-1]), f"final before the cell ended: {seen}"
     assert len(seen) >= 4, f"the figure was not redrawn as steps came: {seen}"
 
 
@@ -415,3 +440,173 @@ def test_a_missing_browser_is_named_for_the_skip(monkeypatch):
     monkeypatch.setitem(sys.modules, "playwright.sync_api", None)  # import -> ImportError
     monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", sys.executable)  # a file that exists
     assert _missing() == "no playwright (pip install playwright)"
+
+
+GROUP_SIZE = "03_group_size.ipynb"
+
+
+def lesson_cell(name: str, id: str) -> str:
+    """The source of the teachers' notebook `name`'s cell `id`."""
+    cells = json.loads((NOTEBOOKS / name).read_text())["cells"]
+    return next("".join(c["source"]) for c in cells if c.get("id") == id)
+
+
+def notebook_of(*sources: str) -> str:
+    """A notebook (as text) of one code cell per source, for the lab fixture."""
+    return json.dumps({
+        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                   "source": source} for source in sources],
+        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
+                                    "name": "python3"}},
+        "nbformat": 4, "nbformat_minor": 5})
+
+
+def write_reruns(folder: Path) -> None:
+    """Two stand-in reruns of 12 steps launched: 2 answers completed, 8 answers stopped after
+    step 2 (so its rise table row has a note)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from fixtures_runs import write_run
+
+    for answers, steps, status in ((2, 12, "completed"), (8, 3, "signal")):
+        run = write_run(folder, f"rerun-cpu-n{answers}", group_size=answers, seed=7, prompts=4,
+                        rewards=[0.2 + 0.02 * s for s in range(steps)], times=[30.0] * steps,
+                        status=status)
+        config = json.loads((run / "config.json").read_text())
+        (run / "config.json").write_text(json.dumps({**config, "num_rollout": 12}))
+
+
+RISE_SETUP = """\
+from pathlib import Path
+
+import labkit
+import labkit.analysis
+
+reruns = [labkit.Run(p) for p in sorted(Path("reruns").iterdir())]"""
+
+
+@pytest.mark.parametrize("lab", [("rise_table.ipynb", notebook_of(
+    RISE_SETUP, lesson_cell(GROUP_SIZE, "rerun-rise")))], indirect=True)
+def test_the_rerun_rise_table_shows_every_column_and_note_in_view(lab, tmp_path):
+    """Lesson 1.3's rise table, as its cell shows it in JupyterLab, for a completed and a
+    stopped rerun: the seed is there, and the stopped run's note can be read whole, without
+    scrolling the output sideways."""
+    import labkit.analysis
+
+    folder = tmp_path / "lab" / "notebooks" / "reruns"
+    write_reruns(folder)
+    rise = labkit.analysis.reward_rise(labkit.analysis.load_runs(folder))
+    (note,) = [n for n in rise.note if n]  # the stopped run's, as reward_rise words it
+    with _lesson_page(lab) as page:
+        _menu(page, "Run", "Run All Cells")
+        _until_every_cell_ran(page, 2, 120, tmp_path / "rise-table.png")
+        output = page.query_selector_all(".jp-Notebook .jp-CodeCell .jp-OutputArea")[-1]
+        output.screenshot(path=str(tmp_path / "rise-output.png"))
+        _keep_screenshot(tmp_path / "rise-output.png")
+        seen = output.inner_text()
+        cut = page.evaluate("""(area) => {
+            const box = area.getBoundingClientRect();
+            return [...area.querySelectorAll('td, th')]
+                .filter(c => c.getBoundingClientRect().right > box.right + 1)
+                .map(c => c.textContent.trim());
+        }""", output)
+        wide = page.evaluate("(area) => area.scrollWidth > area.clientWidth + 1", output)
+    assert f"8 answers: {note}" in seen, seen  # whole, not cut short with "..."
+    assert "seed" in seen and "stopped after step 2" in seen, seen
+    assert cut == [] and not wide, f"cut off at the output's right edge: {cut}"
+
+
+def students_cell(name: str, id: str, typed: str | None = None) -> str:
+    """The source of cell `id` of the students' copy of lesson `name`, with `typed` over its
+    answer placeholder (the line `... = None  # Exercise ...`) when given."""
+    cells = json.loads(fresh_copy(name=name))["cells"]
+    source = next("".join(c["source"]) for c in cells if c.get("id") == id)
+    return re.sub(r"\w+ = None  # Exercise .*", lambda _: typed, source) if typed else source
+
+
+def solution_typed(name: str, id: str) -> str:
+    """The teachers' answer cell `id` of lesson `name` without its marker lines: a right
+    answer, as a student would type it in their copy."""
+    return "\n".join(line for line in lesson_cell(name, id).splitlines() if "SOLUTION" not in line)
+
+
+ANSWER_DEADLINE_S = 3  # the test's deadline for an answer (the lessons' is 60 s)
+
+
+@pytest.mark.parametrize("lab", [("answers.ipynb", notebook_of(
+    f"import os\nos.environ['LABKIT_ANSWER_DEADLINE_S'] = '{ANSWER_DEADLINE_S}'",
+    students_cell(LESSON, "c01"),
+    students_cell(LESSON, "c07"),  # the retry policy, which 1.2.1 asks about
+    students_cell(LESSON, "c09", typed="while True:\n        pass"),
+    students_cell(LESSON, "c10"),
+    solution_typed(GROUP_SIZE, "c26"),
+    "print('the end')"))], indirect=True)
+def test_an_answer_that_never_ends_or_runs_too_early_says_so_and_run_all_goes_on(lab, tmp_path):
+    """A student's Run All over an answer that never ends (1.2.1: `while True`) and a right
+    answer run before the cells it needs (1.3.3, without `pair`): the loop is stopped at
+    its deadline and said in one line, its check says so, the early answer is told to run
+    the cells above (not that it is wrong), and every cell after them runs."""
+    with _lesson_page(lab) as page:
+        _menu(page, "Run", "Run All Cells")
+        _until_every_cell_ran(page, 7, 120, tmp_path / "answers.png")
+        page.query_selector_all(".jp-Notebook .jp-CodeCell")[-1].scroll_into_view_if_needed()
+        page.screenshot(path=str(tmp_path / "answers-below.png"))
+        _keep_screenshot(tmp_path / "answers-below.png")
+        prompts, outputs = _prompts(page), page.inner_text(".jp-Notebook")
+    assert prompts == [f"[{i}]:" for i in range(1, 8)], f"not every cell ran: {prompts}"
+    said = " ".join(outputs.split())
+    assert (f"Exercise 1.2.1: your answer did not end in {ANSWER_DEADLINE_S} s and was stopped at "
+            f"line 2 of this cell (a loop that never ends?).") in said, said
+    assert (f"Exercise 1.2.1: not yet. Your answer cell did not end in {ANSWER_DEADLINE_S} s and "
+            f"was stopped at line 2 (a loop that never ends?).") in said, said
+    assert ("Exercise 1.3.3: this cell needs `pair`, which a cell above defines: run the cells "
+            "above first") in said, said
+    assert "your answer raised NameError" not in said and "Traceback" not in outputs
+    assert "the end" in outputs
+
+
+def write_old_reruns(root: Path) -> list[str]:
+    """The rerun cell's run folders in the checkout at `root` as a launch of the cpu profile
+    left them, with two steps logged each; returns their names."""
+    from labkit.course import profiles
+
+    names = []
+    for cfg in profiles.rerun_configs("cpu"):
+        folder = root / "runs" / cfg.run_name
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps(cfg.to_dict()))
+        (folder / "metrics.jsonl").write_text("".join(
+            json.dumps({"rollout/step": s, "rollout/raw_reward": 0.2}) + "\n" for s in range(2)))
+        names.append(cfg.run_name)
+    return names
+
+
+RERUN_SEED_2 = lesson_cell(GROUP_SIZE, "c08").replace(
+    "configs = labkit.course.profiles.rerun_configs(PROFILE)",
+    "configs = [c.replace(seed=2) for c in labkit.course.profiles.rerun_configs(PROFILE)]")
+
+
+@pytest.mark.parametrize("lab", [("rerun_seed.ipynb", notebook_of(
+    lesson_cell(GROUP_SIZE, "c01"), RERUN_SEED_2, "print('the end')"))], indirect=True)
+def test_the_rerun_cell_with_another_seed_is_refused_in_one_line_that_says_how(lab, tmp_path):
+    """Lesson 1.3's rerun cell edited to another seed, where the folders hold the runs of the
+    profile's seed: the cell shows one line, no traceback and no figure of the old runs, and
+    the line says how to run the new seed from the cell."""
+    assert "c.replace(seed=2)" in RERUN_SEED_2  # the lesson's cell, as a student edits it
+    old = write_old_reruns(tmp_path / "lab")
+    with _lesson_page(lab) as page:
+        _menu(page, "Run", "Run All Cells")
+        end = time.monotonic() + 120  # Run All stops at the refused cell
+        while time.monotonic() < end and "RerunRefused" not in page.inner_text(".jp-Notebook"):
+            page.wait_for_timeout(500)
+        page.wait_for_timeout(1000)  # the output renders
+        cell = page.query_selector_all(".jp-Notebook .jp-CodeCell")[1]
+        cell.scroll_into_view_if_needed()
+        cell.screenshot(path=str(tmp_path / "rerun-refused.png"))
+        _keep_screenshot(tmp_path / "rerun-refused.png")
+        shown = cell.query_selector(".jp-OutputArea").inner_text()
+        images = cell.query_selector_all(".jp-OutputArea-output img")
+    lines = [line for line in shown.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("RerunRefused: "), shown
+    assert f"{old[0]} holds a run of another config" in lines[0]
+    assert "rerun_configs(PROFILE, seed=2)" in lines[0] and "Traceback" not in shown
+    assert images == [], "the figure of the old runs is still shown"

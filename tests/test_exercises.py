@@ -477,9 +477,96 @@ def test_an_answer_that_raises_replaces_the_answer_it_had():
     assert "Hint" not in exercises.verdict("1.1.1", 4, rewards=torch.zeros(2, 2))[1]
 
 
-def test_an_answer_that_raises_fails_when_graded(graded):
-    with pytest.raises(NameError, match="compute_advantagez"):  # the student's own error
-        run_cells(typed(wrapped_lesson(), TYPO))
+def test_an_answer_that_raises_fails_once_when_graded_at_its_check_with_its_own_error(graded):
+    """Graded, the answer cell says its error and ends; the check cell fails, once, with that
+    error (not a second, bare NameError for the name the answer cell never assigned)."""
+    student = typed(wrapped_lesson(), TYPO)
+    code = [c for c in student["cells"] if c["cell_type"] == "code"]
+    answer_at = next(i for i, c in enumerate(code) if "exercises.answer(" in "".join(c["source"]))
+    namespace: dict = {}
+    for c in code[:answer_at + 1]:  # up to the answer cell: none raises
+        exec(compile("".join(c["source"]), "<cell>", "exec"), namespace)
+    with pytest.raises(ExerciseError) as failed:
+        exec(compile("".join(code[answer_at + 1]["source"]), "<cell>", "exec"), namespace)
+    assert flat(str(failed.value)).startswith(
+        "Exercise 1.1.1: not yet. Your answer cell raised NameError: name 'compute_advantagez' "
+        "is not defined.")
+
+
+def test_a_grading_failure_is_shown_as_one_line_without_a_traceback():
+    """What IPython (and so nbval) shows for a check cell that fails under grading."""
+    error = ExerciseError("Exercise 1.1.1: not yet. Your answer cell raised NameError: name\n"
+                          "  'x' is not defined.\n  Fix it there, then run both cells again.")
+    assert error._render_traceback_() == [
+        "ExerciseError: Exercise 1.1.1: not yet. Your answer cell raised NameError: name 'x' is "
+        "not defined. Fix it there, then run both cells again."]
+
+
+def test_an_answer_that_never_ends_is_stopped_at_its_deadline_in_one_line(capsys):
+    """`while True` inside answer(): stopped at its deadline, however the loop catches
+    errors, said in one line naming the exercise and the line; the check cell reports it."""
+    import time
+
+    namespace: dict = {"labkit": labkit}
+    started = time.monotonic()
+    exec(compile('with labkit.course.exercises.answer("1.1.1", deadline_s=0.5):\n'
+                 "    while True:\n"
+                 "        try:\n"
+                 "            no_signal = 1\n"
+                 "        except Exception:\n"
+                 "            pass\n", "<cell>", "exec"), namespace)
+    assert time.monotonic() - started < 30  # a bound for a broken deadline, not the expected time
+    said = flat(capsys.readouterr().out)
+    assert said.startswith("Exercise 1.1.1: your answer did not end in 0.5 s and was stopped at "
+                           "line ") and "a loop that never ends?" in said
+    right, line = exercises.verdict("1.1.1", namespace["no_signal"], rewards=torch.zeros(2, 2))
+    assert not right and flat(line).startswith(
+        "Exercise 1.1.1: not yet. Your answer cell did not end in 0.5 s and was stopped at line")
+
+
+def test_an_answer_that_ends_leaves_no_alarm_behind():
+    import signal
+    import threading
+
+    before, timer = signal.getsignal(signal.SIGALRM), signal.getitimer(signal.ITIMER_REAL)
+    with exercises.answer("1.1.1", deadline_s=0.2):
+        no_signal = 1  # noqa: F841
+    assert signal.getsignal(signal.SIGALRM) == before  # pytest-timeout's, or none
+    left = signal.getitimer(signal.ITIMER_REAL)
+    assert (left[0] > 0) == (timer[0] > 0) and left[0] <= timer[0]  # its alarm goes on as it was
+    rang = threading.Event()
+    signal.signal(signal.SIGALRM, lambda *_: rang.set())
+    try:  # an alarm set before the answer still rings after it
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with exercises.answer("1.1.1", deadline_s=5):
+            pass
+        assert rang.wait(timeout=30)
+    finally:
+        signal.signal(signal.SIGALRM, before)
+        signal.setitimer(signal.ITIMER_REAL, *timer)  # pytest-timeout's alarm, when it had one
+
+
+def test_an_answers_deadline_comes_from_the_environment():
+    assert exercises.answer_deadline({}) == exercises.DEADLINE_S == 60
+    assert exercises.answer_deadline({exercises.DEADLINE_ENV: "2.5"}) == 2.5
+    for bad in ("", "0", "-1", "soon", "nan"):
+        assert exercises.answer_deadline({exercises.DEADLINE_ENV: bad}) == exercises.DEADLINE_S
+
+
+def test_an_answer_run_before_the_cells_above_says_to_run_them(capsys):
+    """Exercise 1.3.3's answer run first in a fresh kernel: `pair` is the lesson's, not a typo."""
+    namespace: dict = {"labkit": labkit}
+    exec(compile('with labkit.course.exercises.answer("1.3.3"):\n'
+                 "    common = sorted(set(pair[pair.clean].step))\n", "<cell>", "exec"), namespace)
+    said = flat(capsys.readouterr().out)
+    assert said == ("Exercise 1.3.3: this cell needs `pair`, which a cell above defines: run the "
+                    "cells above first (Run > Run All Above Selected Cell). Then run this cell and "
+                    "the check cell below again.")
+    assert "your answer" not in said
+    _, line = exercises.verdict("1.3.3", namespace["common"], runs=None, a="a", b="b")
+    assert flat(line) == ("Exercise 1.3.3: not yet. Your answer cell ran before the cells above "
+                          "it (`pair` was not defined yet). Run the cells above first, then both "
+                          "cells again.")
 
 
 def test_an_answers_error_of_many_lines_is_said_in_one(capsys):
@@ -658,6 +745,42 @@ def test_every_answer_cell_catches_its_own_error():
     assert seen == set(exercises.EXERCISES)
 
 
+def defined(source: str) -> set[str]:
+    """The names a cell's code assigns or imports at its top level (a for's target too)."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+    return names
+
+
+def test_each_exercise_needs_the_names_its_answer_cell_reads_from_the_cells_above():
+    """`needs` is what an answer cell run before the cells above it misses: every name the
+    lesson's answer cell reads that a cell above defines, and none that no cell above does."""
+    import ast
+
+    for path in LESSONS:
+        code = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]
+                if c["cell_type"] == "code"]
+        for i, source in enumerate(code):
+            if BEGIN_MARK not in source:
+                continue
+            id, _ = students._following_check([{"cell_type": "code", "source": s} for s in code], i)
+            above = set().union(*(defined(s) for s in code[:i]))
+            read = {n.id for n in ast.walk(ast.parse(source))
+                    if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            wanted = (read & above) - defined(source) - {"labkit"}
+            needs = set(exercises.EXERCISES[id].needs)
+            assert wanted <= needs, (path.name, id, wanted - needs)
+            assert needs <= above, (path.name, id, needs - above)
+
+
 def test_a_typo_in_lesson_1_2s_first_answer_lets_run_all_go_on(capsys):
     """The students' 1.2 with a typo in 1.2.1's answer, every cell run in order as Run All
     does: no cell raises, the typo is one line, the other exercises still get their checks."""
@@ -762,6 +885,81 @@ def test_grading_passes_the_students_copy_once_solved(tmp_path):
     result = grade(grading_command("".join(copy["cells"][0]["source"])), tmp_path)
     assert result.returncode == 0, result.stdout[-3000:]
     assert failed_cells(result) == []
+
+
+def solved_copy(folder: Path, answers: dict[str, str]) -> Path:
+    """The students' copy of lesson 1.2 in `folder`/notebooks/students, with `answers` ({the
+    placeholder's name: code}) typed over the placeholders, beside notebooks/conftest.py as
+    in a checkout; returns the checkout folder."""
+    copy = json.loads(students.student_texts(NOTEBOOKS)[GRADED])
+    for c in copy["cells"]:
+        for name, code in answers.items():
+            c["source"] = [re.sub(rf"{name} = None  # Exercise .*", code, "".join(c["source"]))]
+    where = folder / "notebooks" / "students"
+    where.mkdir(parents=True)
+    (where / GRADED).write_text(json.dumps(copy))
+    (folder / "notebooks" / "conftest.py").symlink_to(NOTEBOOKS / "conftest.py")
+    return folder
+
+
+def grade_within(command: list[str], cwd: Path, bound_s: float, **env) -> tuple[str, float]:
+    """Run a grading command (its own process group, with `env` added) and wait for it at
+    most `bound_s`; past that, end it and its kernel and fail. Returns (its output, seconds)."""
+    import signal
+    import time
+
+    env = {**{k: v for k, v in os.environ.items() if k != exercises.GRADING_ENV}, **env,
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, *command[1:], "-p", "no:cacheprovider"], cwd=cwd,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=bound_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # pytest and the kernel it started
+        out, _ = proc.communicate()
+        pytest.fail(f"grading still ran after {bound_s:.0f} s:\n{out[-3000:]}")
+    return out, time.monotonic() - started
+
+
+def test_grading_stops_an_answer_that_never_ends_and_fails_its_check_in_one_line(tmp_path):
+    """An answer that loops forever, graded with the students' command: it is stopped at its
+    deadline, the cells after it run, and the lesson fails once for it, at its check cell,
+    in one line that names the exercise; no timeout of nbval's, no traceback, no stack dump.
+    (Without a deadline of its own the loop holds the kernel for nbval's 2000 s cell timeout,
+    then every cell after it does the same.)"""
+    checkout = solved_copy(tmp_path, {"waited": "while True:\n        pass"})
+    copy = json.loads((checkout / "notebooks" / "students" / GRADED).read_text())
+    out, took = grade_within(grading_command("".join(copy["cells"][0]["source"])), checkout,
+                             bound_s=300, LABKIT_ANSWER_DEADLINE_S="3")
+    code = [c for c in copy["cells"] if c["cell_type"] == "code"]
+    checks = [f"Cell {i}" for i, c in enumerate(code) if "exercises.check(" in "".join(c["source"])]
+    assert re.findall(r"^FAILED \S+::(Cell \d+)", out, re.M) == checks, out[-3000:]  # once each
+    said = [line for line in out.splitlines() if "Exercise 1.2.1" in line]
+    assert said == ["ExerciseError: Exercise 1.2.1: not yet. Your answer cell did not end in 3 s "
+                    "and was stopped at line 2 (a loop that never ends?). Fix it there, then run "
+                    "both cells again."], out[-3000:]
+    assert "Exercise 1.2.2: not answered yet" in out  # the cells after it ran
+    for noise in ("Timeout", "Traceback (most recent call last)", "Thread", "KeyboardInterrupt"):
+        assert noise not in out, out[-3000:]
+    assert took < 240, took
+
+
+def test_grading_fails_a_raising_answer_once_with_its_own_error(tmp_path):
+    """A typo in an answer, graded: its check cell fails with the typo's NameError, and the
+    answer cell itself passes (it said the error in one line): one failure, not two."""
+    checkout = solved_copy(tmp_path, {"waited": "waited = sum(polcy.ceiling(k) for k in range(1, 5))"})
+    copy = json.loads((checkout / "notebooks" / "students" / GRADED).read_text())
+    out, _ = grade_within(grading_command("".join(copy["cells"][0]["source"])), checkout,
+                          bound_s=300)
+    code = [c for c in copy["cells"] if c["cell_type"] == "code"]
+    checks = [f"Cell {i}" for i, c in enumerate(code) if "exercises.check(" in "".join(c["source"])]
+    assert re.findall(r"^FAILED \S+::(Cell \d+)", out, re.M) == checks, out[-3000:]
+    said = [line for line in out.splitlines() if "Exercise 1.2.1" in line]
+    assert said == ["ExerciseError: Exercise 1.2.1: not yet. Your answer cell raised NameError: "
+                    "name 'polcy' is not defined. Fix it there, then run both cells again."], out
+    assert "Traceback (most recent call last)" not in out
 
 
 # ====================================================================== profiles

@@ -222,7 +222,23 @@ def pandas_rows(shown: str) -> dict[str, dict[str, str]]:
     return rows
 
 
-RISE_TABLE = 'rise.drop(columns=["run", "seed"]).set_index("group_size").round(3)'
+RISE_TABLE = "rise = labkit.analysis.reward_rise(rerun_frame)"
+
+
+def rise_rows(shown: str) -> dict[str, dict[str, str]]:
+    """{group size: {field: value}} from the text of lesson 1.3's rise table: a column per run
+    (a header line of the group sizes, then a line per field), or, as saved by older code, a
+    row per run. A field whose value has spaces (a status "stopped after ...") is left out."""
+    rows = pandas_rows(shown)
+    if "start" not in rows:
+        return rows  # a row per run
+    header, out = shown.strip().splitlines()[0].split()[1:], {}
+    for line in shown.strip().splitlines()[1:]:
+        tokens = line.split()
+        if len(tokens) == len(header) + 1:
+            for size, value in zip(header, tokens[1:]):
+                out.setdefault(size, {})[tokens[0]] = value
+    return out
 
 
 def test_lesson_1_3_s_saved_8_answer_rerun_is_lesson_1_1_s_saved_run():
@@ -234,7 +250,7 @@ def test_lesson_1_3_s_saved_8_answer_rerun_is_lesson_1_1_s_saved_run():
     from labkit.config import PRESETS
 
     assert PRESETS["cpu"]["n_samples_per_prompt"] == 8
-    eight = pandas_rows(saved_text("03_group_size.ipynb", RISE_TABLE))["8"]
+    eight = rise_rows(saved_text("03_group_size.ipynb", RISE_TABLE))["8"]
     parts = {line.split()[0]: [float(v) for v in line.split()[-3:]]
              for line in saved_text("01_launcher.ipynb", "reward_parts(run.metrics)").splitlines()
              if line.startswith(("first", "last"))}
@@ -251,7 +267,7 @@ def test_lesson_1_3_s_saved_2_answer_rerun_is_what_the_code_gives(tmp_path, monk
     import labkit
     from labkit.course import profiles
 
-    saved = pandas_rows(saved_text("03_group_size.ipynb", RISE_TABLE))["2"]
+    saved = rise_rows(saved_text("03_group_size.ipynb", RISE_TABLE))["2"]
     assert saved["status"] == "completed" and saved["steps"] == "12"
     monkeypatch.setenv("LABKIT_PROFILE", "cpu")
     two = profiles.rerun_configs("cpu", answers=(2,))[0]
@@ -259,3 +275,66 @@ def test_lesson_1_3_s_saved_2_answer_rerun_is_what_the_code_gives(tmp_path, monk
     labkit.close()
     assert list(run.metrics["rollout/step"]) == [0, 1, 2, 3]
     assert round(float(run.metrics["rollout/raw_reward"].mean()), 3) == float(saved["start"])
+
+
+FIGURE = re.compile(r"[+-]\d*\.\d+|\d+(\.\d+)?\s*%")  # a signed decimal or a share, as quoted
+
+
+def test_lesson_1_3_s_reading_of_the_reruns_quotes_no_figures_of_other_runs():
+    """The text under the rerun plot reads the table the cell above computes for these runs;
+    it quotes no figure of its own (other seeds', an older preset's), which the table beside
+    it would contradict."""
+    lesson = cells("03_group_size.ipynb")
+    plot = first_index(lesson, r"reward_curve\(rerun_frame", "code")
+    said = text(lesson[plot + 1])
+    assert not FIGURE.search(said), FIGURE.search(said)
+    assert "The table is this cell's own runs" in said and "`seed`" in said
+
+
+def test_lesson_1_3_s_rise_table_shows_the_seed_and_each_note_in_full():
+    source = text(next(c for c in cells("03_group_size.ipynb") if c.get("id") == "rerun-rise"))
+    shown = source.splitlines()[-1]
+    assert '"seed"' not in shown and '"note"' in shown  # the seed stays; the note is printed
+    assert "print(f\"{row.group_size} answers: {row.note}\")" in source
+
+
+def test_lesson_1_3_says_how_to_rerun_with_another_seed_in_the_cell():
+    lesson = cells("03_group_size.ipynb")
+    launch = first_index(lesson, r"labkit\.launch_many\(configs", "code")
+    said = text(lesson[launch - 1])
+    assert "rerun_configs(PROFILE, seed=2, num_rollout=24)" in said
+    assert "rerun-cpu-n2-seed2-num_rollout24" in said and "refuses it in one\nline" in said
+
+
+def test_lesson_1_3_s_closing_text_quotes_no_memory_figure_of_its_own():
+    """The memory a kernel holds is printed by the cell below the text (labkit.close()); a
+    figure in the text goes stale with the preset, and differed from the cell's."""
+    lesson = cells("03_group_size.ipynb")
+    close = first_index(lesson, r"labkit\.close\(\)", "code")
+    said = text(lesson[close - 1])
+    assert not re.search(r"\d[\d.]*\s*GB of memory", said), said
+    assert "held and holds now: the line\nunder the next cell" in said
+
+
+def test_grading_a_lesson_that_trains_says_so_in_the_lesson_the_readme_and_at_its_start(
+        monkeypatch):
+    """Grading runs the launch cells again in a fresh kernel: minutes of training with no
+    output. Lesson 1.1 and the README say so, and pytest names such notebooks first."""
+    import importlib.util
+
+    said = text(cells("01_launcher.ipynb")[first_index(cells("01_launcher.ipynb"),
+                                                       r"Grading this lesson", "markdown")])
+    assert "train again" in said and "prints nothing while a cell runs" in said
+    readme = " ".join((NOTEBOOKS / "README.md").read_text().split())
+    assert "Grading runs the launch cells too" in readme and "prints nothing while a cell runs" in readme
+    monkeypatch.setenv("LABKIT_GRADING", "")  # the conftest sets it; put back after the test
+    spec = importlib.util.spec_from_file_location("lessons_conftest", NOTEBOOKS / "conftest.py")
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    items = [type("Item", (), {"fspath": NOTEBOOKS / name})() for name in
+             ("01_launcher.ipynb", "02_watchdog_replay.ipynb", "03_group_size.ipynb")]
+    lines = conftest.pytest_report_collectionfinish(None, REPO, items)
+    assert [line.split(" has ")[0] for line in lines] == ["labkit: 01_launcher.ipynb",
+                                                          "labkit: 03_group_size.ipynb"]
+    assert lines[0].startswith("labkit: 01_launcher.ipynb has 3 cells that train runs; grading "
+                               "trains them again")

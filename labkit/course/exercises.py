@@ -25,11 +25,18 @@ typo in a name, a wrong column) is caught by `answer`: it prints the error in on
 the answer's name then holds that error, which the check cell reports; so *Run All* goes on
 to the cells below and keeps their outputs (JupyterLab clears the outputs of every cell it
 queues, and an error would leave them empty). Only a syntax error stops Run All: Python
-cannot run any of the cell then, the `with` included. Grading is the one place where the
-cells raise: when $LABKIT_GRADING is set (notebooks/conftest.py sets it for `pytest
---nbval-lax`, and the kernels nbval starts inherit it), an answer's own error is raised as
-it is, and a wrong or missing answer raises ExerciseError, which fails the cell, so an
-unsolved exercise fails the lesson.
+cannot run any of the cell then, the `with` included.
+
+An answer also has a deadline of its own (DEADLINE_S, or $LABKIT_ANSWER_DEADLINE_S): one
+that never ends (`while True`) would otherwise hold the kernel, and every cell queued after
+it, until someone presses the stop button, and under grading until a cell timeout of half an
+hour (pytest's; nbval's own is longer), for this cell and then for each one after it. `answer` arms an alarm
+(SIGALRM) for the code inside it, stops the answer when it rings, and says so in one line,
+as for an error. The check cell is where grading fails: when $LABKIT_GRADING is set
+(notebooks/conftest.py sets it for `pytest --nbval-lax`, and the kernels nbval starts
+inherit it), a wrong, missing, raising or stopped answer makes its check cell raise
+ExerciseError, which nbval shows in one line, so each unsolved exercise fails the lesson
+once, at its check cell, naming the exercise.
 
 The students' copies of the lessons, with the solutions taken out, are written by
 `labkit.course.students`.
@@ -40,8 +47,11 @@ from __future__ import annotations
 import math
 import os
 import re
+import signal
 import sys
 import textwrap
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,13 +59,26 @@ from typing import Any
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 GRADING_ENV = "LABKIT_GRADING"
+DEADLINE_ENV = "LABKIT_ANSWER_DEADLINE_S"
+DEADLINE_S = 60.0  # an answer's own time limit; every lesson's answer takes well under a second
 # a check call: its exercise id and, when it is a plain name, the answer variable
 CHECK_RE = re.compile(
     r"""exercises\.check\(\s*["'](?P<id>[^"']+)["'](?:\s*,\s*(?P<answer>[A-Za-z_]\w*))?""")
 
 
 class ExerciseError(AssertionError):
-    """An exercise answered wrong or not yet, when grading; the message says which and why."""
+    """An exercise answered wrong or not yet, when grading; the message says which and why.
+
+    IPython (a notebook's kernel, and so nbval) shows it as its message on one line, without
+    a traceback: the traceback would only show labkit's grading code."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {' '.join(str(self).split())}"]
+
+
+class AnswerTimeout(BaseException):
+    """Raised inside an answer that ran past its deadline, by `answer`'s alarm. A
+    BaseException, so that an answer's own `except Exception` does not swallow it."""
 
 
 class _Wrong(Exception):
@@ -70,11 +93,13 @@ class GivenError(ValueError):
 @dataclass(frozen=True)
 class Exercise:
     """One exercise: its id ("1.1.1": lesson 1.1, exercise 1), the task, a nudge, a hint, a
-    grader, and the name the lesson's answer cell assigns (`answer`).
+    grader, the name the lesson's answer cell assigns (`answer`), and the names its answer
+    reads that cells above it define (`needs`).
 
     The nudge says where to look (shown while the exercise is unanswered); the hint shows the
     code (shown after a wrong answer). `grade(answer, **given)` returns when `answer` is right
-    and raises _Wrong(why) when not.
+    and raises _Wrong(why) when not. A NameError for one of `needs` is not the answer's
+    mistake: the cells above have not run (a restarted kernel, a cell run out of order).
     """
 
     id: str
@@ -83,6 +108,7 @@ class Exercise:
     hint: str
     grade: Callable[..., None]
     answer: str = ""
+    needs: tuple[str, ...] = ()
 
 
 EXERCISES: dict[str, Exercise] = {}
@@ -90,56 +116,131 @@ HINT_AFTER = 2  # the hint (the code) comes with the second different wrong answ
 _tries: dict[str, set[str]] = {}  # exercise id -> the wrong answers seen in this kernel
 
 
-def exercise(id: str, task: str, *, nudge: str, hint: str, answer: str):
-    """Register the decorated grader as exercise `id`, whose answer cell assigns `answer`."""
+def exercise(id: str, task: str, *, nudge: str, hint: str, answer: str,
+             needs: tuple[str, ...] = ()):
+    """Register the decorated grader as exercise `id`, whose answer cell assigns `answer` and
+    reads `needs` from the cells above it."""
     def register(grade: Callable[..., None]) -> Callable[..., None]:
-        EXERCISES[id] = Exercise(id, task, nudge, hint, grade, answer)
+        EXERCISES[id] = Exercise(id, task, nudge, hint, grade, answer, tuple(needs))
         return grade
     return register
 
 
 @dataclass(frozen=True)
 class Raised:
-    """What an exercise's answer name holds after its answer cell raised: the error, in one
-    line (`answer` puts it there, so the check cell below reports it instead of stopping on
-    a name the cell never assigned)."""
+    """What an exercise's answer name holds after its answer cell raised or was stopped:
+    what happened, in one line (`answer` puts it there, so the check cell below reports it
+    instead of stopping on a name the cell never assigned). `said` is what the check cell
+    says of the answer cell: "raised NameError: ...", "did not end in 60 s ...", ..."""
 
     id: str
     error: str
+    said: str = ""
+    then: str = "Fix it there, then run both cells again."
+
+    def __post_init__(self):
+        if not self.said:
+            object.__setattr__(self, "said", f"raised {self.error}")
 
     def __repr__(self) -> str:
-        return f"<the answer to exercise {self.id} raised {self.error}>"
+        return f"<the answer to exercise {self.id}: {self.said}>"
+
+
+def answer_deadline(env: dict | None = None) -> float:
+    """An answer's deadline in seconds: $LABKIT_ANSWER_DEADLINE_S when it is a number > 0,
+    else DEADLINE_S."""
+    value = (os.environ if env is None else env).get(DEADLINE_ENV, "")
+    try:
+        seconds = float(value)
+    except ValueError:
+        return DEADLINE_S
+    return seconds if math.isfinite(seconds) and seconds > 0 else DEADLINE_S
 
 
 class answer:
-    """`with labkit.course.exercises.answer("1.2.1"):` around an answer cell's code: an error
-    in it (an Exception) prints one line, "Exercise 1.2.1: your answer raised NameError: ...
-    (line 3 of this cell)", and the cell ends without raising, so Run All goes on. The
-    exercise's answer name (Exercise.answer) is set to a Raised in the cell's namespace, so
-    the check cell says what went wrong rather than reading an older answer or stopping on
-    an unassigned name. When grading, the error is raised as it is, and fails the cell.
-    Raises KeyError for an unknown exercise id."""
+    """`with labkit.course.exercises.answer("1.2.1"):` around an answer cell's code.
 
-    def __init__(self, id: str):
+    An error in it (an Exception) prints one line, "Exercise 1.2.1: your answer raised
+    NameError: ... (line 3 of this cell)", and the cell ends without raising, so Run All goes
+    on; a NameError for a name the cells above define says to run them first. An answer
+    still running after `deadline_s` seconds (default: answer_deadline()) is stopped, with a
+    line that says so, and the cell ends the same way: the cells after it are not held up.
+    The exercise's answer name (Exercise.answer) is then set to a Raised in the cell's
+    namespace, so the check cell says what went wrong rather than reading an older answer
+    or stopping on an unassigned name; under grading the check cell fails for it, once.
+    KeyboardInterrupt (the stop button) goes on as it came. The deadline needs SIGALRM, so
+    it holds in the main thread of a POSIX process (a notebook's kernel runs cells there),
+    and nowhere else. Raises KeyError for an unknown exercise id."""
+
+    def __init__(self, id: str, *, deadline_s: float | None = None):
         _known(id)
         self.id = id
+        self.deadline_s = answer_deadline() if deadline_s is None else float(deadline_s)
+        self._alarm: tuple | None = None  # (the SIGALRM handler and timer it replaced, armed at)
+        self._ended = False
 
     def __enter__(self) -> answer:
+        self._arm()
         return self
 
     def __exit__(self, kind, error, tb) -> bool:
-        if error is None or not isinstance(error, Exception) or grading():
-            return False  # KeyboardInterrupt (the ■ button) and grading go on as they are
-        said = " ".join(str(error).split())  # one line, however the error wrote it
-        said = said if len(said) <= 300 else said[:297] + "..."
-        what = f"{type(error).__name__}: {said}" if said else type(error).__name__
-        where = f" (line {tb.tb_lineno} of this cell)" if tb is not None else ""
-        print(_lines(f"Exercise {self.id}: your answer raised {what}{where}.",
-                     "Fix it, then run this cell and the check cell below again."))
-        name, cell = EXERCISES[self.id].answer, sys._getframe(1)
+        self._disarm()
+        line = f" {tb.tb_lineno}" if tb is not None else ""  # the cell's line it was at
+        if isinstance(error, AnswerTimeout):
+            said = f"did not end in {self.deadline_s:g} s and was stopped at line{line}"
+            return self._told(f"Exercise {self.id}: your answer {said} of this cell (a loop that "
+                              f"never ends?).", Raised(self.id, "AnswerTimeout",
+                                                       f"{said} (a loop that never ends?)"))
+        if error is None or not isinstance(error, Exception):
+            return False  # KeyboardInterrupt (the stop button) goes on as it came
+        missing = getattr(error, "name", None) if isinstance(error, NameError) else None
+        if missing and missing in EXERCISES[self.id].needs:
+            first = (f"Exercise {self.id}: this cell needs `{missing}`, which a cell above "
+                     f"defines: run the cells above first (Run > Run All Above Selected Cell).")
+            return self._told(first, Raised(
+                self.id, f"NameError: {error}", f"ran before the cells above it (`{missing}` "
+                f"was not defined yet)", "Run the cells above first, then both cells again."),
+                then="Then run this cell and the check cell below again.")
+        told = " ".join(str(error).split())  # one line, however the error wrote it
+        told = told if len(told) <= 300 else told[:297] + "..."
+        what = f"{type(error).__name__}: {told}" if told else type(error).__name__
+        where = f" (line{line} of this cell)" if line else ""
+        return self._told(f"Exercise {self.id}: your answer raised {what}{where}.",
+                          Raised(self.id, what))
+
+    def _told(self, first: str, raised: Raised,
+              then: str = "Fix it, then run this cell and the check cell below again.") -> bool:
+        """Print what happened, set the answer's name to `raised` at the cell's top level, and
+        end the `with` without raising."""
+        print(_lines(first, then), flush=True)
+        name, cell = EXERCISES[self.id].answer, sys._getframe(2)
         if name and cell.f_locals is cell.f_globals:  # a cell's top level (not in a function)
-            cell.f_globals[name] = Raised(self.id, what)
+            cell.f_globals[name] = raised
         return True
+
+    # --- the deadline: an alarm (SIGALRM) that raises AnswerTimeout inside the answer
+    def _arm(self) -> None:
+        if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+            return
+        handler = signal.signal(signal.SIGALRM, self._ring)
+        timer = signal.setitimer(signal.ITIMER_REAL, self.deadline_s, 1.0)  # again each second
+        self._alarm = (handler, timer, time.monotonic())
+
+    def _ring(self, signum, frame) -> None:
+        if not self._ended:  # the answer ended as the alarm rang: nothing to stop
+            raise AnswerTimeout(f"exercise {self.id}: the answer ran past {self.deadline_s:g} s")
+
+    def _disarm(self) -> None:
+        self._ended = True
+        if self._alarm is None:
+            return
+        handler, (delay, interval), armed = self._alarm
+        self._alarm = None
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL if handler is None else handler)
+        if delay > 0:  # an alarm set before this answer rings when it would have
+            signal.setitimer(signal.ITIMER_REAL, max(delay - (time.monotonic() - armed), 1e-3),
+                             interval)
 
 
 def _known(id: str) -> Exercise:
@@ -162,8 +263,8 @@ def verdict(id: str, answer: Any, **given) -> tuple[bool, str]:
     hands cannot tell a right answer from a wrong one."""
     ex = _known(id)
     if isinstance(answer, Raised):  # not a wrong try: the answer never came to be
-        return False, _lines(f"Exercise {id}: not yet. Your answer cell raised {answer.error}.",
-                             "Fix it there, then run both cells again.")
+        return False, _lines(f"Exercise {id}: not yet. Your answer cell {answer.said}.",
+                             answer.then)
     if answer is None or answer is Ellipsis:
         return False, _lines(f"Exercise {id}: not answered yet.",
                              "Replace the None in the cell above with your answer, then run "
@@ -267,7 +368,7 @@ def _metrics(run) -> Any:
                 "compute_advantages finds those groups for you: look at what it returns.",
           hint="compute_advantages(rewards_b).zero_std is True for those groups, and .sum() "
                "counts them. All-0 and all-1 groups both teach nothing.",
-          answer="no_signal")
+          answer="no_signal", needs=("torch", "compute_advantages"))
 def _grade_no_signal(answer, *, rewards) -> None:
     from labkit.grpo import compute_advantages
 
@@ -289,7 +390,7 @@ def _grade_no_signal(answer, *, rewards) -> None:
           "optimizer step per rollout for 16 answers per prompt at the recipe's prompts.",
           nudge="the global batch counts every answer of a rollout.",
           hint="prompts x answers per prompt: recipe.rollout_batch_size * 16.",
-          answer="global_batch_16")
+          answer="global_batch_16", needs=("recipe",))
 def _grade_global_batch(answer, *, prompts: int = 32, answers: int = 16) -> None:
     from labkit.config import ConfigError, RunConfig
 
@@ -314,7 +415,7 @@ def _grade_global_batch(answer, *, prompts: int = 32, answers: int = 16) -> None
           nudge="both columns are in run.metrics; add each one up over the steps, then divide.",
           hint="run.metrics['perf/rollout_time'].sum() / run.metrics['perf/step_time'].sum(), "
                "a number between 0 and 1.",
-          answer="rollout_share")
+          answer="rollout_share", needs=("run",))
 def _grade_rollout_share(answer, *, run) -> None:
     m = _metrics(run)
     share = _number(answer, "the share")
@@ -339,7 +440,7 @@ def _grade_rollout_share(answer, *, run) -> None:
                 "wait after attempt k (see the table above).",
           hint="the waits come after failed attempts 1, 2, 3 and 4: "
                "sum(policy.ceiling(k) for k in range(1, 5)).",
-          answer="waited")
+          answer="waited", needs=("policy",))
 def _grade_waited(answer, *, policy) -> None:
     waited = _number(answer, "the total wait in seconds")
     waits = [policy.ceiling(k) for k in range(1, 6)]
@@ -359,7 +460,7 @@ def _grade_waited(answer, *, policy) -> None:
           nudge="replay the incident again with the gap as an argument; its burst table has one "
                 "row per burst.",
           hint="len(replay(INCIDENT, burst_gap=GAP).bursts).",
-          answer="n_bursts")
+          answer="n_bursts", needs=("replay", "INCIDENT"))
 def _grade_bursts(answer, *, log, gap: float) -> None:
     from labkit.serving.replay import replay
 
@@ -383,7 +484,7 @@ def _grade_bursts(answer, *, log, gap: float) -> None:
                 "decision; you made one above.",
           hint="lowering.decisions has an `action` column; count its 'lower' rows: "
                "(lowering.decisions.action == 'lower').sum().",
-          answer="lowered")
+          answer="lowered", needs=("lowering", "replay", "INCIDENT", "Policy"))
 def _grade_lowered(answer, *, log) -> None:
     from labkit.serving.replay import replay
     from labkit.serving.watchdog import Policy
@@ -433,7 +534,7 @@ def _grade_extra_args(answer, *, prompts: int = 32) -> None:
                 "rollout/raw_reward over each window (both ends included).",
           hint="reward = finished[finished.run == RUN].set_index(STEP)[REWARD], then "
                "reward.loc[16:23].mean() - reward.loc[0:7].mean().",
-          answer="gain")
+          answer="gain", needs=("overview", "finished", "STEP", "REWARD"))
 def _grade_gain(answer, *, runs, run: str) -> None:
     import numpy as np
 
@@ -474,7 +575,7 @@ def _grade_gain(answer, *, runs, run: str) -> None:
                 "that are clean in both runs.",
           hint="A's clean steps are set(pair[(pair.run == A) & pair.clean][STEP]); intersect "
                "them with B's (&), keep the steps up to 23, and sort them.",
-          answer="common")
+          answer="common", needs=("pair", "A", "B", "STEP"))
 def _grade_common(answer, *, runs, a: str, b: str) -> None:
     from labkit.run.metrics import STEP
 

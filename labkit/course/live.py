@@ -13,18 +13,26 @@ ends, and redraws at most every `every_s` seconds, and only when a file grew: th
 loop itself is never called or waited on, and a redraw (a small figure, well under a second)
 comes once per step at most. The thread is a daemon and stops when the `with` ends, however it
 ends: a stop with the kernel's interrupt button (■) reaches the main thread only, the last
-redraw happens on the way out, and the figure stays in the cell's output.
+redraw happens on the way out, and the figure stays in the cell's output, titled as final
+(no longer "live"), each run's legend saying how it ended (completed, stopped, not started).
+
+When launch_many refuses the runs before any starts (a run folder that holds a run of
+another seed, a completed run asked for more steps), the figure it had drawn of the old
+runs is taken away and the refusal is one line, with the way to run them in the rerun
+cell: `rerun_configs(PROFILE, seed=2)` names runs of their own for what they change.
 """
 
 from __future__ import annotations
 
 import io
+import re
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from labkit.analysis.runframe import REWARD
-from labkit.run.log import METRICS, read_jsonl
+from labkit.errors import LabkitError, one_line
+from labkit.run.log import CONFIG, METRICS, RunLog, read_jsonl
 from labkit.run.metrics import STEP
 
 EVERY_S = 5.0  # the least time between two redraws
@@ -32,9 +40,10 @@ EVERY_S = 5.0  # the least time between two redraws
 
 class LiveCurves:
     """Redraws the reward per step of the runs in `run_dirs` into `show` (a function that
-    takes a matplotlib Figure; default: an IPython display handle made on `start`, or
-    nothing outside IPython) while started. `steps`: the planned steps (the x axis; None:
-    the steps logged). `labels`: a legend label per folder (default: its name)."""
+    takes a matplotlib Figure, or None to take the figure away; default: an IPython display
+    handle made on `start`, or nothing outside IPython) while started. `steps`: the planned
+    steps (the x axis; None: the steps logged). `labels`: a legend label per folder
+    (default: its name)."""
 
     def __init__(self, run_dirs: Iterable, *, every_s: float = EVERY_S,
                  steps: int | None = None, labels: dict | None = None,
@@ -60,11 +69,21 @@ class LiveCurves:
         return self
 
     def stop(self) -> None:
-        """Stop the thread and draw once more: the figure ends with every step logged."""
+        """Stop the thread and draw once more, as final: the figure ends with every step
+        logged, and says how each run ended."""
+        self._end_thread()
+        self.redraw(force=True, final=True)
+
+    def clear(self) -> None:
+        """Stop the thread and take the figure away (nothing it drew was launched now)."""
+        self._end_thread()
+        if self.show is not None:
+            self.show(None)
+
+    def _end_thread(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
-        self.redraw()
 
     def __enter__(self) -> LiveCurves:
         return self.start()
@@ -101,15 +120,17 @@ class LiveCurves:
             changed = True
         return changed
 
-    def redraw(self, force: bool = False) -> None:
-        """Read the logs and, when a run logged a step (or `force`), show a new figure."""
+    def redraw(self, force: bool = False, final: bool = False) -> None:
+        """Read the logs and, when a run logged a step (or `force`), show a new figure (the
+        final one with `final`)."""
         if not (self.read() or force) or self.show is None:
             return
-        figure = self.figure()
+        figure = self.figure(final=final)
         self.show(figure)
 
-    def figure(self):
-        """The reward per step of every run read so far, one line each."""
+    def figure(self, final: bool = False):
+        """The reward per step of every run read so far, one line each; titled live, or with
+        `final` as the figure the cell ends with, each run's legend saying how it ended."""
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
 
@@ -120,12 +141,15 @@ class LiveCurves:
             points = sorted(self._rewards.get(folder, []))
             steps += len(points)
             label = self.labels.get(folder, folder.name)
+            ended = how_it_ended(folder) if final else ""
+            ended = f", {ended}" if ended else ""
             if points:
                 xs, ys = zip(*points)
                 ax.plot(xs, ys, color=f"C{i}", lw=1.6, marker="o", ms=3,
-                        label=f"{label}: {len(points)} step{'s' * (len(points) != 1)}")
+                        label=f"{label}: {len(points)} step{'s' * (len(points) != 1)}{ended}")
             else:
-                ax.plot([], [], color=f"C{i}", label=f"{label}: no step yet")
+                ax.plot([], [], color=f"C{i}",
+                        label=f"{label}: {'no step' if final else 'no step yet'}{ended}")
         logged = [step for points in self._rewards.values() for step, _ in points]
         last = max([(self.planned or 1) - 1, *logged])
         ax.set_xlim(-0.5, last + 0.5)
@@ -134,10 +158,28 @@ class LiveCurves:
         ax.set_xlabel("step (rollout index, from 0)")
         ax.set_ylabel("mean reward per answer")
         ax.legend(fontsize=8, loc="upper left")
-        ax.set_title(f"Reward per step, live: redrawn as steps are logged "
-                     f"({steps} so far)", fontsize=10, loc="left")
+        ax.set_title(f"Reward per step: the {steps} step{'s' * (steps != 1)} logged when the "
+                     f"cell ended" if final else f"Reward per step, live: redrawn as steps are "
+                     f"logged ({steps} so far)", fontsize=10, loc="left")
         self.drawn_steps = steps
         return fig
+
+
+def how_it_ended(folder: Path) -> str:
+    """'completed', 'stopped after step 3', 'failed', ... from a run folder's status.json;
+    'not started' without a folder; '' while it has no status (running, or died without one)."""
+    if not folder.is_dir():
+        return "not started"
+    try:
+        status = RunLog(folder).status() or {}
+    except (LabkitError, OSError, ValueError):
+        return ""
+    reason, last = status.get("reason"), status.get("last_step")
+    if reason == "completed":
+        return "completed"
+    if reason in ("signal", "requested", "time_limit"):
+        return f"stopped after step {last}" if isinstance(last, int) else "stopped before a step"
+    return "failed" if reason else ""
 
 
 def _display_handle() -> Callable | None:
@@ -155,6 +197,10 @@ def _display_handle() -> Callable | None:
 
     def show(figure) -> None:
         nonlocal handle
+        if figure is None:  # take it away
+            if handle is not None:
+                handle.update({"text/plain": ""}, raw=True)
+            return
         png = io.BytesIO()
         figure.savefig(png, format="png", dpi=100)
         image = Image(data=png.getvalue(), format="png")
@@ -166,8 +212,68 @@ def _display_handle() -> Callable | None:
     return show
 
 
-def reward_curves(configs: Iterable, *, every_s: float = EVERY_S) -> LiveCurves:
-    """LiveCurves (not started: use it in a `with`) of the runs `configs` will write: each
+class RerunRefused(LabkitError):
+    """launch_many refused the rerun cell's runs before any started; the message says why
+    and how to run them from the cell. A notebook shows it as that one line."""
+
+    exit_code = 2
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
+
+
+class RerunCurves(LiveCurves):
+    """LiveCurves of the runs of `configs` (lesson 1.3's rerun cell): when the `with` ends in
+    a refusal of launch_many (a LabkitError: nothing started), the figure of the runs
+    already in the folders is taken away and the refusal raised again as RerunRefused,
+    one line, with the rerun cell's way around it."""
+
+    def __init__(self, configs: list, **kwargs):
+        super().__init__([Path(c.output_dir) / c.run_name for c in configs], **kwargs)
+        self.configs = configs
+
+    def __exit__(self, kind, error, tb) -> bool:
+        if not isinstance(error, LabkitError):
+            return super().__exit__(kind, error, tb)
+        self.clear()
+        raise RerunRefused(f"{one_line(error)}. {rerun_advice(self.configs)}") from None
+
+
+RENAMING = ("n_samples_per_prompt", "global_batch_size", "run_name", "output_dir")  # set per run
+
+
+def rerun_advice(configs: list) -> str:
+    """How the rerun cell runs `configs` beside the runs already in their folders: the
+    rerun_configs call that names them for what they change (the fields whose values
+    differ from a folder's run), and what the cells below read until then."""
+    from dataclasses import fields
+
+    from labkit.config import RunConfig
+    from labkit.course.profiles import rerun_name
+    from labkit.run.log import RESUMABLE, saved_config
+
+    changes: dict = {}
+    for c in configs:
+        folder = Path(c.output_dir) / c.run_name
+        try:
+            saved = saved_config(folder) if (folder / CONFIG).exists() else None
+        except LabkitError:
+            saved = None
+        for f in fields(RunConfig) if saved is not None else ():
+            resumable = f.name in RESUMABLE and f.name != "num_rollout"
+            if not resumable and f.name not in RENAMING and getattr(saved, f.name) != getattr(c, f.name):
+                changes[f.name] = getattr(c, f.name)
+    changes = changes or {"seed": 2}  # an example, when the folders do not say
+    profile = re.match(r"rerun-([a-z]+)-n\d", configs[0].run_name or "")
+    named = rerun_name(profile[1] if profile else "cpu", configs[0].n_samples_per_prompt, **changes)
+    return (f"In this cell, configs = labkit.course.profiles.rerun_configs(PROFILE, "
+            f"{', '.join(f'{k}={v!r}' for k, v in changes.items())}) runs them under names of their "
+            f"own ({named}, ...), beside the runs already there; until this cell runs, the cells "
+            f"below read the runs it launched last")
+
+
+def reward_curves(configs: Iterable, *, every_s: float = EVERY_S) -> RerunCurves:
+    """RerunCurves (not started: use it in a `with`) of the runs `configs` will write: each
     RunConfig's run folder (output_dir/run_name, so the configs must be named, as
     labkit.course.profiles.rerun_configs names them), labelled by its group size."""
     configs = list(configs)
@@ -175,7 +281,6 @@ def reward_curves(configs: Iterable, *, every_s: float = EVERY_S) -> LiveCurves:
     if unnamed:
         raise ValueError("reward_curves needs named runs (run_name) to find their folders "
                          "before they start; name them, as rerun_configs does")
-    folders = {Path(c.output_dir) / c.run_name: f"{c.n_samples_per_prompt} answers"
-               for c in configs}
-    return LiveCurves(folders, every_s=every_s, labels=folders,
-                      steps=max(c.num_rollout for c in configs))
+    labels = {Path(c.output_dir) / c.run_name: f"{c.n_samples_per_prompt} answers" for c in configs}
+    return RerunCurves(configs, every_s=every_s, labels=labels,
+                       steps=max(c.num_rollout for c in configs))

@@ -140,16 +140,25 @@ def config(profile: str, **changes) -> RunConfig:
 RERUN_ANSWERS: dict[str, tuple[int, ...]] = {"cpu": (2, 8), "gpu": (4, 8, 16)}
 
 
-def rerun_configs(profile: str, answers: tuple[int, ...] | None = None) -> list[RunConfig]:
+def rerun_configs(profile: str, answers: tuple[int, ...] | None = None, **changes) -> list[RunConfig]:
     """The configs of lesson 1.3's rerun cell: the profile's run with `answers` answers per
     prompt (default RERUN_ANSWERS: 2 and 8 on a CPU, 4, 8 and 16 on a GPU), each with the
-    matching --global-batch-size (one optimizer step per rollout) and a fixed run name,
-    `rerun-<profile>-n<answers>`, so that launching them again with resume=True continues
-    what a stop left (labkit.launch_many)."""
-    base = config(profile)
+    matching --global-batch-size (one optimizer step per rollout) and `changes` to other
+    fields (seed=2, num_rollout=24, ...), and a fixed run name, rerun_name(...): launching
+    them again with resume=True continues what a stop left (labkit.launch_many), and runs
+    with other changes get folders of their own. Raises ConfigError for a change that
+    breaks the batch arithmetic or names no field."""
+    base = config(profile, **changes)
     return [base.replace(n_samples_per_prompt=n, global_batch_size=base.rollout_batch_size * n,
-                         run_name=f"rerun-{profile}-n{n}").check()
+                         run_name=rerun_name(profile, n, **changes)).check()
             for n in (answers or RERUN_ANSWERS[profile])]
+
+
+def rerun_name(profile: str, answers: int, **changes) -> str:
+    """The rerun cell's name of a run: `rerun-<profile>-n<answers>`, then `-<field><value>`
+    for each change from the profile's run, in the order given: rerun-cpu-n2-seed2."""
+    said = "".join(f"-{name}{value}" for name, value in changes.items() if name != "output_dir")
+    return f"rerun-{profile}-n{answers}{said}"
 
 
 def _near(path: Path) -> Path:
