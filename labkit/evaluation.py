@@ -42,6 +42,7 @@ from labkit.data import encode_prompt
 from labkit.engines import keep
 from labkit.engines.base import Cancelled, Engine, Sampling
 from labkit.reward import math_reward, score
+from labkit.run.outcomes import outcome_row
 
 EVAL_BATCH = 16  # answers per call of the transformers engine: a stop waits for at most one token of it
 EVAL_BUDGET_S = 40.0  # auto on the transformers engine: an evaluation of about this long
@@ -167,8 +168,10 @@ def evaluate(engine: Engine, prompt_ids: list[list[int]], problems, *, max_token
 
     Returns the eval row: the accuracy under eval_name(problems), its standard error, the
     problem count, the mean answer length, the share cut at `max_tokens`, and
-    perf/eval_time (seconds, with the `done_seconds` the answers in `done` took).
-    Raises Cancelled when `cancel()` or `interrupt()` says so (greedy_answers)."""
+    perf/eval_time (seconds, with the `done_seconds` the answers in `done` took); and under
+    "outcomes", each problem's (right, answer length), for eval_outcomes.jsonl (log_evaluation
+    takes it out of the row). Raises Cancelled when `cancel()` or `interrupt()` says so
+    (greedy_answers)."""
     start = time.perf_counter()
     answers = greedy_answers(engine, prompt_ids, max_tokens=max_tokens,
                              stop_token_ids=stop_token_ids, autocast=autocast, batch=batch,
@@ -184,6 +187,8 @@ def evaluate(engine: Engine, prompt_ids: list[list[int]], problems, *, max_token
         "eval/response_len/mean": sum(len(a.token_ids) for a in answers) / n,
         "eval/truncated_ratio": sum(a.truncated for a in answers) / n,
         "perf/eval_time": time.perf_counter() - start + done_seconds,
+        "outcomes": {"right": [r == 1.0 for r in rewards],
+                     "response_len": [len(a.token_ids) for a in answers]},
     }
 
 
@@ -236,7 +241,9 @@ def log_evaluation(s, trained_steps: int, bar=None) -> dict | None:
         if bar is not None:
             bar.evaluated()
     row = {**row, "eval/trained_steps": trained_steps, "eval/reused": reused, "time/end": time.time()}
-    s.log.append_eval(row)
+    found = row.pop("outcomes")
+    s.log.append_eval(row, outcome_row(trained_steps, eval_name(s.eval_problems),
+                                       [p.id for p in s.eval_problems], **found))
     name = eval_name(s.eval_problems)
     say(f"labkit: held-out accuracy after {trained_steps} steps: {row[name]:.3f} "
         f"({name}, {row[name + '_n']} problems, "

@@ -11,12 +11,12 @@ from fixtures_runs import CLEAN_N4, write_course_runs
 from public_faces import assert_reexports, names_used_in_notebooks
 
 from labkit import analysis
-from labkit.analysis import costs, gains, heldout, plots, runframe, table
+from labkit.analysis import costs, gains, heldout, paired, plots, runframe, table
 from labkit.run import metrics
 
 
 def test_public_names_are_the_home_modules():
-    assert_reexports(analysis, (metrics, runframe, gains, heldout, costs, table, plots))
+    assert_reexports(analysis, (metrics, runframe, gains, paired, heldout, costs, table, plots))
 
 
 def test_names_the_notebooks_use_are_listed():
@@ -36,3 +36,4 @@ def test_lesson_three_through_the_public_face(tmp_path):
     table = analysis.compare(runs)
     assert table.attrs["common_clean_steps"] == CLEAN_N4
     assert "+0.038, +0.061, +0.098" in analysis.render_table(table)
+

@@ -68,6 +68,23 @@ def test_a_run_evaluates_before_and_after_outside_the_step_clock(tiny_cfg, capsy
     assert "held-out accuracy after 0 steps" in capsys.readouterr().out
 
 
+def test_each_problem_s_outcome_is_kept_beside_the_accuracy(tiny_cfg):
+    """eval_outcomes.jsonl holds, per evaluation, every problem's outcome and answer length,
+    on the same problems as eval.jsonl's accuracy; labkit.run.outcomes reads them back."""
+    from labkit.run.outcomes import read_outcomes
+
+    run = train(tiny_cfg.replace(eval_split_size=3, num_rollout=2))
+    rows = {r["eval/trained_steps"]: r for r in eval_rows(run)}
+    kept = read_outcomes(run.dir)
+    assert sorted(kept) == [0, 2]
+    for steps, outcomes in kept.items():
+        assert outcomes.ids == ("synthetic/test/0", "synthetic/test/1", "synthetic/test/2")
+        assert outcomes.accuracy == rows[steps]["eval/synthetic_test"]
+        assert sum(outcomes.response_len) / 3 == pytest.approx(rows[steps]["eval/response_len/mean"])
+    line = json.loads((run.dir / "eval_outcomes.jsonl").read_text().splitlines()[0])
+    assert line["ids"] == "synthetic/test/0-2" and len(line["right"]) == 3
+
+
 def test_a_second_run_in_the_process_reuses_the_starting_result(tiny_cfg, capsys):
     cfg = tiny_cfg.replace(eval_split_size=3, num_rollout=1)
     first = train(cfg.replace(run_name="first"))
@@ -126,7 +143,7 @@ def test_the_size_is_the_flags_else_the_folders_else_the_engines(tmp_path):
     one_file = tmp_path / "train.jsonl"
     one_file.write_text('{"question": "made up", "answer": "#### 1"}\n')
     assert resolve_size(auto.replace(data=str(one_file)), "vllm") == 0  # no test split
-    assert RunConfig.preset("cpu").eval_split_size == 0
+    assert RunConfig.preset("cpu").eval_split_size > 0  # made-up test problems, sized to ~30 s
 
 
 def test_auto_takes_whole_batches_that_fit_the_budget(monkeypatch):
@@ -406,3 +423,28 @@ def test_a_run_killed_after_its_first_evaluation_does_not_evaluate_the_start_twi
     resumed = train(cfg, resume=run_dir)
     assert [r["eval/trained_steps"] for r in eval_rows(resumed)] == [0, 2]  # each once
     assert eval_rows(resumed)[0]["eval/synthetic_test"] == 0.5
+
+
+def test_the_launch_s_last_line_leads_with_the_held_out_change_and_its_interval(tiny_model_dir,
+                                                                                 tmp_path, capsys):
+    """`labkit launch` of a run evaluated at both ends ends with one line: held-out right
+    before -> after with its paired interval and the problems' count, then the training
+    figures, said to be noisy; without an evaluation, the training reward alone, as before."""
+    import re
+
+    from labkit.cli import main
+
+    flags = ["--model", str(tiny_model_dir), "--data", "synthetic", "--engine", "hf",
+             "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--global-batch-size", "8",
+             "--num-rollout", "2", "--rollout-max-response-len", "12", "--lr", "1e-3",
+             "--no-progress", "--output-dir", str(tmp_path / "runs")]
+    assert main(["launch", *flags, "--eval-split-size", "6", "--run-name", "held"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.fullmatch(r"held-out right \d\.\d{3} -> \d\.\d{3} \([-+]\d\.\d{3}, 95% interval "
+                        r"[-+]\d\.\d{3} to [-+]\d\.\d{3}, 6 made-up problems\); training answers right "
+                        r"\d\.\d{3} -> \d\.\d{3}, reward \d\.\d{3} -> \d\.\d{3} \(first vs last "
+                        r"step of 2, 2 problems each: noisy\); plot: .*reward\.png",
+                        last), last
+    assert main(["launch", *flags, "--eval-split-size", "0", "--run-name", "plain"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("reward ") and "held-out" not in last

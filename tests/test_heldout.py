@@ -73,27 +73,32 @@ def test_the_table_by_setting_reads_held_out_and_refuses_nothing_it_should_not(t
     table = compare(runs, by="setting")
     rows = table.set_index("prompts x answers")
     assert list(rows.index) == ["64 x 4", "32 x 8"]
-    assert rows.loc["32 x 8", "held-out before -> after"] == "0.250 -> 0.300 to 0.340 (SE 0.023)"
-    assert rows.loc["64 x 4", "held-out change"] == "+0.060 to +0.080"
+    assert rows.loc["32 x 8", "held-out before -> after"] == "0.250 -> 0.300 to 0.340"
+    change = rows.loc["64 x 4", "held-out change"]  # no outcomes kept: two evaluations' errors
+    assert change.startswith("+0.070 (+0.0") and change.endswith(", unpaired)")
+    assert rows.loc["32 x 8", "vs 32 x 8"] == "" and rows.loc["64 x 4", "vs 32 x 8"].startswith("+0.000 (-0.")
     verdict = table.attrs["heldout_verdict"]
     assert verdict.startswith("Held-out: training moved it") and "Inside one range" in verdict
+    assert "Unpaired" in verdict
     fig = heldout_plot(runs)
     labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
     assert labels == ["64 x 4\n(2 seeds)", "32 x 8\n(2 seeds)"]
 
 
-def test_a_setting_outside_the_reference_range_is_named():
+def test_a_setting_whose_difference_excludes_zero_is_named():
     import pandas as pd
 
     from labkit.analysis.heldout import heldout_verdict
 
+    nan = float("nan")
     table = pd.DataFrame([
-        dict(setting="32 x 8", group_size=8, seeds=3, before=0.25, after_low=0.30, after_high=0.32,
-             change_low=0.05, change_high=0.07, stderr=0.01),
-        dict(setting="64 x 4", group_size=4, seeds=3, before=0.25, after_low=0.26, after_high=0.27,
-             change_low=0.01, change_high=0.02, stderr=0.01)])
+        dict(setting="32 x 8", group_size=8, seeds=3, before=0.25, change=0.06, ci_low=0.05,
+             ci_high=0.07, paired=True, vs_reference=nan, vs_low=nan, vs_high=nan),
+        dict(setting="64 x 4", group_size=4, seeds=3, before=0.25, change=0.015, ci_low=-0.01,
+             ci_high=0.03, paired=True, vs_reference=-0.045, vs_low=-0.06, vs_high=-0.03)])
     text = heldout_verdict(table, "32 x 8")
-    assert "moved it in some runs only" in text and "entirely outside: 64 x 4 (0.260 to 0.270)" in text
+    assert "moved it in some settings only" in text
+    assert "Not inside one range: against 32 x 8, the change differs for 64 x 4 -0.045 (-0.060 to -0.030)" in text
 
 
 @pytest.mark.parametrize("content", [b"\xff\xfe not text", b"[1, 2]\n{\"eval/gsm8k_test\": \"x\"}\n"],

@@ -199,3 +199,11 @@ def test_with_steps_keeps_the_runs_that_logged_a_step(tmp_path, capsys):
     assert sorted(load_runs(kept).run.unique()) == ["a", "c"]
     with pytest.raises(AnalysisError, match="no run has a finished step yet"):
         with_steps([tmp_path / "b"])
+
+
+def test_a_config_that_loops_is_named_by_the_analysis_not_read_as_missing(tmp_path):
+    run = small_run(tmp_path, "a", seed=1)
+    (run / "config.json").unlink()
+    (run / "config.json").symlink_to(run / "config.json")
+    with pytest.raises(AnalysisError, match=r"config.json is a symbolic link that loops"):
+        load_runs(tmp_path)

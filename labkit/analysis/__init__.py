@@ -10,8 +10,10 @@ face re-exports it:
 * labkit.analysis.gains: `run_gains`, `group_gains`, the bootstrap interval and `inside_one_range`
   (is every gain inside the seed spread of the reference group size?), and
   `refuse_mixed_settings` (runs of one group size must be seeds of one setting);
-* labkit.analysis.heldout: `heldout_gains`, `group_heldout`, GSM8K test accuracy before and
-  after training (eval.jsonl), per run and per setting;
+* labkit.analysis.heldout: `heldout_change`, `heldout_gains`, `group_heldout`, test accuracy
+  before and after training (eval.jsonl, eval_outcomes.jsonl), per run and per setting;
+* labkit.analysis.paired: `paired_change`, `setting_change`, `difference`, the paired
+  intervals (problem by problem, and over seeds) that the held-out tables and verdicts read;
 * labkit.analysis.costs: `common_clean_steps` and `run_costs`, the median rollout time over the
   step numbers clean in every compared run;
 * labkit.analysis.table: `compare`, the course's table as display strings, and `render_table`;
@@ -40,7 +42,15 @@ from labkit.analysis.gains import (
                                    run_gains,
                                    window_rewards,
 )
-from labkit.analysis.heldout import group_heldout, heldout_gains, heldout_verdict, read_evaluations
+from labkit.analysis.heldout import (
+                                   group_heldout,
+                                   heldout_change,
+                                   heldout_gains,
+                                   heldout_line,
+                                   heldout_verdict,
+                                   read_evaluations,
+)
+from labkit.analysis.paired import Interval, RunChange, difference, paired_change, setting_change
 from labkit.analysis.plots import (
                                    heldout_plot,
                                    plot_all,
@@ -91,7 +101,10 @@ __all__ = [
     "EARLY", "LATE", "REFERENCE", "SETTINGS", "refuse_mixed_settings",
     "reward_at_ends", "reward_parts", "end_windows", "reward_rise", "rise_windows",
     # held-out accuracy (labkit.analysis.heldout)
-    "heldout_gains", "group_heldout", "heldout_verdict", "read_evaluations",
+    "heldout_gains", "group_heldout", "heldout_verdict", "read_evaluations", "heldout_change",
+    "heldout_line",
+    # paired intervals (labkit.analysis.paired)
+    "paired_change", "setting_change", "difference", "Interval", "RunChange",
     # the cost (labkit.analysis.costs)
     "common_clean_steps", "run_costs",
     # the table and the command (labkit.analysis.table)

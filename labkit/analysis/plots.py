@@ -4,7 +4,7 @@ One figure per question of the course: does the reward rise (with the two window
 gain shaded, and the seeds of one group size as a min-max band around their mean), what does
 a rollout cost (with the heat pauses shaded, since a paused or throttled GPU makes a step
 look slow), how long are the answers, how many groups taught nothing (all answers equal),
-and did held-out accuracy move (per setting, with one evaluation's standard error).
+and did held-out accuracy move (per setting, with paired intervals over problems and seeds).
 
 Every function takes the frame from `labkit.analysis.load_runs` (or paths) and returns a
 matplotlib Figure. Figures are closed in pyplot as soon as they are built, so a notebook
@@ -349,40 +349,51 @@ def _metric_curve(runs: Runs, metric: str, *, ax, ylabel: str, title: str,
 
 # ====================================================================== saving
 def heldout_plot(runs: Runs, *, ax=None) -> Figure:
-    """Held-out accuracy after training, one column per setting (prompts x answers): each
-    seed's accuracy as a dot with +-1 standard error of one evaluation, the starting model's
-    accuracy as a line across. Settings with no evaluation are left out."""
-    from labkit.analysis.heldout import heldout_gains
+    """How held-out accuracy changed in training, one column per setting (prompts x answers):
+    each seed's change as a dot with its interval (paired over the problems where the run kept
+    their outcomes), the setting's mean change as a bar with its interval over the problems
+    and the seeds, and zero as a line across: a bar that crosses it is no change. Settings
+    with no evaluation are left out."""
+    from labkit.analysis.heldout import group_heldout, heldout_gains
 
     runs = as_runs(runs)
     gains = heldout_gains(runs)
     fig, ax, own = _single_axes(ax)
-    _title(fig, ax, "Held-out accuracy after training, by setting", runs)
+    _title(fig, ax, "Held-out accuracy: change in training, by setting", runs)
     if gains.empty:
         _no_data(ax, "eval.jsonl (held-out accuracy)")
         return fig
+    settings = group_heldout(runs).set_index("setting")
     gains = gains.assign(key=[f"{int(p)} x {int(n)}" for p, n in zip(gains.prompts, gains.group_size)])
     order = sorted(gains.key.unique(), key=lambda k: (int(k.split(" x ")[1]), int(k.split(" x ")[0])))
     for x, key in enumerate(order):
         mine = gains[gains.key == key].sort_values("seed")
+        g = settings.loc[key]
+        ax.bar(x, g.change, width=0.5, color=f"C{x}", alpha=0.25)
+        ax.errorbar([x - 0.3], [g.change], yerr=[[g.change - g.ci_low], [g.ci_high - g.change]],
+                    fmt="s", color=f"C{x}", capsize=4, lw=2, ms=5)
         offsets = [0.0] if len(mine) == 1 else [(-0.12 + 0.24 * i / (len(mine) - 1)) for i in range(len(mine))]
-        ax.errorbar([x + o for o in offsets], mine.after, yerr=mine.stderr, fmt="o", color=f"C{x}",
-                    capsize=3, ms=6, label=None)
+        ax.errorbar([x + o for o in offsets], mine.change,
+                    yerr=[mine.change - mine.change_low, mine.change_high - mine.change],
+                    fmt="o", color=f"C{x}", capsize=2, ms=5, lw=1)
         for o, r in zip(offsets, mine.itertuples()):
-            ax.annotate(f"s{r.seed}", (x + o, r.after), textcoords="offset points", xytext=(6, -3),
+            ax.annotate(f"s{r.seed}", (x + o, r.change), textcoords="offset points", xytext=(5, -3),
                         fontsize=7, color="0.35")
+    ax.axhline(0.0, color="0.3", lw=1)
+    paired = "paired" if gains.paired.all() else "some unpaired"
     before = gains.before.mean()
-    ax.axhline(before, color="0.3", ls="--", lw=1)
-    ax.text(len(order) - 0.5, before, f"  before training {before:.3f}", va="bottom", ha="right",
-            fontsize=8, color="0.3")
     ax.set_xticks(range(len(order)), [f"{k}\n({(gains.key == k).sum()} seeds)" for k in order])
-    ax.set_xlim(-0.5, len(order) - 0.5)
+    ax.set_xlim(-0.6, len(order) - 0.5)
     ax.set_xlabel("prompts x answers per step")
-    ax.set_ylabel(f"{gains.name.iat[0]} (greedy accuracy)")
+    ax.set_ylabel(f"change in {gains.name.iat[0]}\n(from {before:.3f} before training)")
     ax.grid(axis="y", alpha=0.3)
-    low, high = ax.get_ylim()
-    ax.set_ylim(min(low, before - 0.1 * (high - low)), high)
-    _headroom(ax)
+    ax.legend(handles=[
+        Line2D([], [], color="0.3", marker="s", lw=2, label="setting: mean change, 95% interval "
+                                                            "over problems and seeds"),
+        Line2D([], [], color="0.3", marker="o", lw=1, label=f"one seed: its change, 95% interval "
+                                                            f"over problems ({paired})")],
+        loc="upper left", fontsize=8, frameon=False)
+    _headroom(ax, 0.25)
     return fig
 
 

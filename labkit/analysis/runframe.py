@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from labkit.errors import LabkitError
-from labkit.run.log import CONFIG, HEAT, METRICS, STATUS, read_jsonl
+from labkit.errors import LabkitError, RunLogError
+from labkit.run.log import CONFIG, HEAT, METRICS, STATUS, file_there, read_bytes, read_jsonl
 from labkit.run.metrics import STEP
 
 REWARD = "rollout/raw_reward"
@@ -255,10 +255,15 @@ def _read_run_folder(path: Path, explicit: bool) -> pd.DataFrame | None:
 
 
 def _read_json(path: Path) -> dict:
-    if not path.exists():
-        return {}
+    """A run's JSON file as a dict ({} when it is not there). One that is there but cannot be
+    read (a link that loops, a folder in its place, not text, not JSON) is an AnalysisError
+    naming it and what is wrong, never read as missing."""
     try:
-        return json.loads(path.read_text())
+        if not file_there(path):
+            return {}
+        return json.loads(read_bytes(path).decode("utf-8"))
+    except RunLogError as e:
+        raise AnalysisError(str(e)) from None
     except UnicodeDecodeError as e:
         raise AnalysisError(_not_text(path, e)) from None
     except json.JSONDecodeError as e:

@@ -98,7 +98,11 @@ def compare(runs: Runs, *, reference: int | str | None = None, early=EARLY, late
         verdict = inside_one_range(run_gains(runs, **options), reference, mixed=mixed, by=by).text
     except AnalysisError as e:
         verdict = f"Cannot judge: {e}"
-    heldout = _heldout_by(runs, by)
+    try:
+        held = group_heldout(runs, reference, by=by)
+    except AnalysisError:  # no run was evaluated
+        held = None
+    heldout = _heldout_by(held, by)
     ref_time, ref_basis = _group_time(costs[costs[by] == reference])
     rows = []
     for g in gains.itertuples():
@@ -113,7 +117,7 @@ def compare(runs: Runs, *, reference: int | str | None = None, early=EARLY, late
             f"gain {ci:.0%} interval (steps resampled)": f"{g.ci_low:+.3f} to {g.ci_high:+.3f}",
         }
         if heldout is not None:
-            row.update(_heldout_cells(heldout.get(key)))
+            row.update(_heldout_cells(heldout.get(key), reference))
         row.update({
             "rollout time (s)": _time_text(time, basis),
             f"time vs {reference}": (f"{time / ref_time:.2f}x" if basis == ref_basis ==
@@ -128,28 +132,31 @@ def compare(runs: Runs, *, reference: int | str | None = None, early=EARLY, late
     table = pd.DataFrame(rows)
     common, _ = common_clean_steps(runs, last_step=late[1])
     table.attrs.update(verdict=verdict, common_clean_steps=common, notes=_cost_notes(costs, common),
-                       heldout_verdict=(heldout_verdict(group_heldout(runs), reference, by=by)
-                                        if heldout is not None else None))
+                       heldout_verdict=(heldout_verdict(held, reference, by=by)
+                                        if held is not None else None))
     return table
 
 
-def _heldout_by(runs: pd.DataFrame, by: str) -> dict | None:
+def _heldout_by(table: pd.DataFrame | None, by: str) -> dict | None:
     """group_heldout's rows by the table's key, or None when no run was evaluated."""
-    try:
-        table = group_heldout(runs)
-    except AnalysisError:
+    if table is None:
         return None
     key = table.setting if by == "setting" else table.group_size
     return {k: r for k, r in zip(key, table.itertuples())}
 
 
-def _heldout_cells(h) -> dict:
+def _heldout_cells(h, reference) -> dict:
+    """The held-out columns of one row: before -> after (seed range), the change with its
+    interval over problems and seeds, and the difference from the reference's change."""
+    vs = f"vs {reference}" if isinstance(reference, str) else f"vs {reference} answers"
     if h is None:
-        return {"held-out before -> after": "not evaluated", "held-out change": ""}
+        return {"held-out before -> after": "not evaluated", "held-out change": "", vs: ""}
     after = (f"{h.after_low:.3f}" if h.seeds == 1 else f"{h.after_low:.3f} to {h.after_high:.3f}")
-    change = (f"{h.change_low:+.3f}" if h.seeds == 1 else f"{h.change_low:+.3f} to {h.change_high:+.3f}")
-    return {"held-out before -> after": f"{h.before:.3f} -> {after} (SE {h.stderr:.3f})",
-            "held-out change": change}
+    kind = "" if h.paired else ", unpaired"
+    return {"held-out before -> after": f"{h.before:.3f} -> {after}",
+            "held-out change": f"{h.change:+.3f} ({h.ci_low:+.3f} to {h.ci_high:+.3f}{kind})",
+            vs: ("" if h.vs_reference != h.vs_reference  # NaN: the reference's own row
+                 else f"{h.vs_reference:+.3f} ({h.vs_low:+.3f} to {h.vs_high:+.3f})")}
 
 
 def _group_time(costs: pd.DataFrame) -> tuple[float, str]:

@@ -4,7 +4,8 @@ What changes on the way: config.json's machine paths (model, data, output dir) b
 names of the model and data set; samples.jsonl loses each row's label (the GSM8K answer):
 committed logs keep the row's split and index (`prompt_id`) and the model's completion,
 whose restatements of the problem labkit already cut when it wrote them. Checkpoints and
-stdout are left behind.
+stdout are left behind. eval_outcomes.jsonl (each held-out problem's outcome, named by its
+split and index) comes as it is.
 
     python scripts/gpu/import_runs.py RUN_FOLDER... --dest data/runs \
         --model "Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF, dequantized (see README)"
@@ -17,7 +18,8 @@ import json
 import shutil
 from pathlib import Path
 
-FILES = ["config.json", "metrics.jsonl", "samples.jsonl", "heat.jsonl", "eval.jsonl", "status.json"]
+FILES = ["config.json", "metrics.jsonl", "samples.jsonl", "heat.jsonl", "eval.jsonl",
+         "eval_outcomes.jsonl", "status.json"]
 DATA_NAME = "gsm8k (local copy of openai/gsm8k main)"
 
 
