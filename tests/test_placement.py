@@ -25,7 +25,7 @@ from labkit.machine import memory, placement
 
 QWEN05 = memory.ModelShape(params=494_032_768, vocab=151_936, layers=24, hidden=896)
 # What a GPU with this much free holds of the tiny config's runs, sized as the recipe's model
-# (each run: 27.2 GiB checkpointed at 24,576 tokens; 53.5 plain): 68 GiB two, 40 GiB one,
+# (each run: 25.8 GiB checkpointed at 24,576 tokens; 52.1 plain): 68 GiB two, 40 GiB one,
 # 10 GiB none. test_what_a_gpu_holds checks these against the plan.
 HOLDS_TWO, HOLDS_ONE, HOLDS_NONE = 68.0, 40.0, 10.0
 DEADLINE_S = 600.0  # a bound for a broken test, not the expected time
@@ -159,7 +159,7 @@ def test_one_gpu_takes_every_run_at_once_as_before(tiny_cfg, machine, capsys):
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 1 and out[0].startswith(
         "labkit: 4 runs share the GPU (139 GiB free): each with gradient checkpointing, "
-        "24,576 tokens a micro-batch, a KV cache of 8 GiB; planned 27.2 GiB")
+        "24,576 tokens a micro-batch, a KV cache of 8 GiB; planned 25.8 GiB")
 
 
 def test_gpus_limits_the_gpus_the_runs_use(tiny_cfg, machine, monkeypatch, capsys):
@@ -180,6 +180,7 @@ def test_gpus_limits_the_gpus_the_runs_use(tiny_cfg, machine, monkeypatch, capsy
     ("0,0", "gpus 0,0: GPU 0 is listed twice; list each GPU once"),
     ("0,", "gpus '0,': list GPU numbers (as nvidia-smi numbers them) between commas"),
     ([-1], "gpus '-1': list GPU numbers"),
+    ("0,a", "gpus '0,a': 'a' is not a GPU; list GPU numbers"),
     ("7", "GPU 7 is not on this machine (its GPUs are 0-1, as nvidia-smi numbers them)"),
 ])
 def test_gpus_that_cannot_be_used_are_one_line(tiny_cfg, machine, value, said):
@@ -195,7 +196,7 @@ def test_a_gpu_another_program_fills_is_skipped_in_one_line(tiny_cfg, machine, c
     assert [(g.id, g.seats) for g in plan.gpus] == [("1", 3)]
     captured = capsys.readouterr()
     # the least a run takes: checkpointed at the default budget (none smaller fits either)
-    assert captured.err.strip() == "labkit: GPU 0 is skipped: 10.0 GiB free, and one run needs 24.4 GiB"
+    assert captured.err.strip() == "labkit: GPU 0 is skipped: 10.0 GiB free, and one run needs 23.0 GiB"
     assert "labkit: 3 runs on GPU 1: 3 at once" in captured.out
 
 
@@ -214,7 +215,7 @@ def test_nothing_starts_when_no_gpu_holds_one_run(tiny_cfg, machine, monkeypatch
     with pytest.raises(memory.GPUMemoryError) as e:
         sweep.launch_many(_configs(tiny_cfg, 3))
     message = str(e.value)
-    assert message.startswith("no GPU can hold one run: one needs 24.4 GiB") and "\n" not in message
+    assert message.startswith("no GPU can hold one run: one needs 23.0 GiB") and "\n" not in message
     assert "the most free is 12.0 GiB (GPU 1; 95% usable)" in message
     assert message.endswith("nothing was started")
     assert started == [] and not Path(tiny_cfg.output_dir).exists()
@@ -297,6 +298,105 @@ def test_a_stop_starts_no_waiting_run_and_resume_goes_on_on_any_gpu(tiny_cfg, ma
                      "r2": ("1", None), "r3": ("1", None)}
     assert [s.outcome for s in slots] == ["completed"] * 4
     captured = capsys.readouterr()
-    # the resumed runs keep the settings they had (27.2 GiB): the most one run needs
-    assert "labkit: GPU 0 is skipped: 10.0 GiB free, and one run needs 27.2 GiB" in captured.err
+    # the resumed runs keep the settings they had (25.8 GiB): the most one run needs
+    assert "labkit: GPU 0 is skipped: 10.0 GiB free, and one run needs 25.8 GiB" in captured.err
     assert "4 runs: 4 completed (r0, r1, r2, r3)" in captured.out  # one GPU used: none named
+
+
+# ----------------------------------------------------------------------------- runs of several sizes
+QWEN05_KV = memory.ModelShape(params=494_032_768, vocab=151_936, layers=24, hidden=896,
+                              kv_bytes_per_token=2 * 24 * 2 * 64 * 2)  # 2 KV heads of 64, bf16
+
+
+def _study(tiny_cfg, sizes=(4, 8, 16), seeds=(1, 2, 3)):
+    """The group-size study's runs, shaped as the recipe (32 prompts, answers of up to 1,024
+    tokens), in the sweep's order: each group size, each seed."""
+    return [tiny_cfg.replace(run_name=f"n{n}-s{s}", rollout_batch_size=32, n_samples_per_prompt=n,
+                             global_batch_size=32 * n, rollout_max_response_len=1024, seed=s)
+            for n in sizes for s in seeds]
+
+
+def test_a_rollout_s_kv_cache_is_what_its_sequences_need(tiny_cfg):
+    """Every sequence at its longest (256 prompt + 1,024 answer tokens, 12 KiB a token for
+    Qwen2.5-0.5B): 32 x 4 needs 1.9 GiB, 32 x 8 3.75, 32 x 16 7.5, rounded up to half a GiB."""
+    kv = {c.n_samples_per_prompt: memory.kv_cache_gib(c, QWEN05_KV) for c in _study(tiny_cfg, seeds=(1,))}
+    assert kv == {4: 2.0, 8: 4.0, 16: 7.5}
+    assert memory.kv_cache_gib(tiny_cfg, QWEN05_KV) == 1.0  # at least 1 GiB
+    assert memory.kv_cache_gib(tiny_cfg, QWEN05) == memory.DEFAULT_KV_CACHE_GIB  # size unknown
+
+
+def test_nine_runs_of_three_sizes_share_one_gpu_by_what_each_needs(tiny_cfg, machine, monkeypatch,
+                                                                    capsys):
+    """4, 8 and 16 answers x 3 seeds on one H200 (139 GiB free): each run planned with its own
+    KV cache (19.8, 21.8 and 25.3 GiB), at most six at once (the six smallest fit), the others
+    waiting. Seated longest first, the three 16-answer runs and two 8-answer runs start (a third
+    8-answer run, 21.8 GiB, does not fit beside them, nor a 4-answer one); when a 16-answer run
+    ends, the 8-answer run takes its room, and a 4-answer run still waits."""
+    machine(139.0)
+    monkeypatch.setattr(memory.ModelShape, "of", classmethod(lambda cls, path: QWEN05_KV))
+    cfgs = _study(tiny_cfg)
+    plan = placement.plan(cfgs, [])
+    assert [g.seats for g in plan.gpus] == [6]
+    line = capsys.readouterr().out.strip()
+    assert line == ("labkit: 6 runs share the GPU (139 GiB free): each with gradient checkpointing, "
+                    "24,576 tokens a micro-batch; planned a run: 32 x 4 19.8 GiB (KV cache 2), "
+                    "32 x 8 21.8 GiB (KV cache 4), 32 x 16 25.3 GiB (KV cache 7.5); 9 runs: at most "
+                    "6 at once, the others wait for a place (the longest first)")
+    order = placement.longest_first(cfgs)
+    assert [cfgs[k].n_samples_per_prompt for k in order] == [16] * 3 + [8] * 3 + [4] * 3
+    running, waiting = [], [cfgs[k] for k in order]
+
+    def seat_all():
+        for c in list(waiting):
+            placed = plan.place(c, running)
+            if placed is not None:
+                waiting.remove(c)
+                running.append((placed[0].id, placed[1]))
+
+    seat_all()
+    assert [c.run_name for _, c in running] == ["n16-s1", "n16-s2", "n16-s3", "n8-s1", "n8-s2"]
+    assert {c.n_samples_per_prompt: c.rollout_kv_cache_gb for _, c in running} == {16: 7.5, 8: 4.0}
+    assert all(c.rollout_gpu_memory_fraction == 0.5 / 6 and c.gradient_checkpointing for _, c in running)
+    running.pop(0)  # n16-s1 ends
+    seat_all()
+    assert [c.run_name for _, c in running][-1] == "n8-s3" and len(running) == 5
+    assert sum(memory.run_memory(c, QWEN05_KV).total for _, c in running) <= 139.0 * memory.HEADROOM
+    while waiting:  # the rest end one by one, the oldest first: the 4-answer runs go in as room frees
+        running.pop(0)
+        seat_all()
+        assert len(running) <= 6
+        assert sum(memory.run_memory(c, QWEN05_KV).total for _, c in running) <= 139.0 * memory.HEADROOM
+    assert sorted(c.n_samples_per_prompt for _, c in running)[:3] == [4, 4, 4]
+
+
+def test_three_runs_are_planned_as_three(tiny_cfg, machine, monkeypatch, capsys):
+    machine(139.0)
+    monkeypatch.setattr(memory.ModelShape, "of", classmethod(lambda cls, path: QWEN05_KV))
+    plan = placement.plan(_study(tiny_cfg, seeds=(11,)), [])
+    assert [g.seats for g in plan.gpus] == [3]
+    assert "3 runs share the GPU" in capsys.readouterr().out
+    assert plan.settings(_study(tiny_cfg, seeds=(11,))[0], plan.gpus[0]).rollout_gpu_memory_fraction == 0.5 / 3
+
+
+def test_the_sweep_starts_the_longest_runs_first(tiny_cfg, machine, monkeypatch, fake_runs):
+    """A GPU with room for two of lesson 1.3's three runs: the 16- and 8-answer runs start, and
+    the 4-answer run (listed first) takes the first place that frees."""
+    machine(50.0)
+    monkeypatch.setattr(memory.ModelShape, "of", classmethod(lambda cls, path: QWEN05_KV))
+    cfgs = _study(tiny_cfg, seeds=(11,))
+    seen = {}
+
+    def script():
+        seen["first"] = [s["run"] for s in _wait_for_starts(fake_runs, 2)]
+        _end(tiny_cfg, "n16-s11")
+        seen["third"] = _wait_for_starts(fake_runs, 3)[2]["run"]
+        for name in ("n8-s11", "n4-s11"):
+            _end(tiny_cfg, name)
+
+    thread, failed = _driven(script, lambda: [_end(tiny_cfg, c.run_name) for c in cfgs
+                                             if (Path(c.output_dir) / c.run_name).exists()])
+    slots = sweep.run_sweep(cfgs)
+    thread.join(timeout=60)
+    assert not failed, failed
+    assert sorted(seen["first"]) == ["n16-s11", "n8-s11"] and seen["third"] == "n4-s11"
+    assert [s.outcome for s in slots] == ["completed"] * 3

@@ -10,8 +10,17 @@ each set by the config and the model's size:
 * `update`: one micro-batch's activations, which grow with `--max-tokens-per-gpu` (the
   bytes per token of the model's layers), the LM head's chunks (labkit.logprobs), and what
   torch's caching allocator keeps reserved beside them;
-* `engine`: vLLM's bfloat16 weights, its KV cache (`--rollout-kv-cache-gb`), and its own
-  buffers (CUDA graphs, sampling).
+* `engine`: vLLM's bfloat16 weights, its KV cache (`--rollout-kv-cache-gb`; where the
+  config gives none, what the run's rollout needs: `kv_cache_gib`), and its own buffers
+  (CUDA graphs, sampling).
+
+Runs of different sizes need different shares: a rollout of 32 x 16 answers holds 512
+sequences in the KV cache, one of 32 x 4 a quarter of that. A shared GPU's engines get a
+KV cache sized to their rollout (every sequence at its longest: 7.5 GiB for 32 x 16 of up
+to 1,024 tokens on Qwen2.5-0.5B, 4 for 32 x 8, 2 for 32 x 4) instead of 8 GiB each, so
+the small runs leave room for one more. (Larger passes for the larger runs were not worth
+their memory: the checkpointed update of 256 answers took 2.28 s at 24,576 tokens a pass
+and 2.56 s at 49,152.)
 
 The figures are measured (BENCHMARKS.md, "The update's memory, alone and side by side"):
 whole-process memory (nvidia-smi) of the update of the recipe's Qwen2.5-0.5B on an H200,
@@ -20,8 +29,10 @@ gradient checkpointing; they are scaled by the model's shape for another one. Wh
 caching allocator keeps reserved counts: at 12,288 tokens it held 41.8 GiB for 28.8 GiB of
 tensors, and four such processes did not fit on the card; checkpointed, the process held
 13.5 GiB at 12,288 tokens, 14.8 at 24,576 and 20.4 at 49,152. The engine's buffers are an
-estimate (four recipe runs side by side, checkpointed, peaked at 98.7 GiB of the card
-together, 24.7 a run, where this plan counts 29.5).
+estimate, set so that the plan of one run set as a shared run (checkpointed at 24,576 tokens,
+an 8 GiB KV cache) is 28.4 GiB of the recipe's model, 7% above the 26.6 GiB its whole
+process held alone (four such runs held 96.7 GiB of the card together, 24.2 a run); before,
+the plan said 29.8 and fitted four runs where five fit.
 `share_gpu` picks what lets N runs share a card (checkpointing, then the token budget),
 `plan_runs` refuses, in one line, a set of runs that does not fit in the free memory, and
 `fit_max_tokens` gives the largest token budget per micro-batch that fits. `gpu_count` and
@@ -30,6 +41,7 @@ together, 24.7 a run, where this plan counts 29.5).
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -44,9 +56,10 @@ GIB = 2**30
 # (the LM head's chunks, the allocator's cached blocks). With gradient checkpointing the
 # whole process held 13.49 GiB at 12,288 tokens, 14.78 at 24,576 and 20.44 at 49,152: the
 # steeper of the two slopes (0.236 MiB a token), through the 12,288 point. vLLM's buffers
-# beside its weights and KV cache (CUDA graphs, sampling) are an estimate.
+# beside its weights and KV cache (CUDA graphs, sampling) are what the whole process's
+# measured 26.6 GiB leaves, plus a 7% margin (the module's docstring).
 CONTEXT_GIB = 0.75
-ENGINE_EXTRA_GIB = 2.0
+ENGINE_EXTRA_GIB = 0.6
 ACTIVATION_BYTES_PER_TOKEN_LAYER_UNIT = 106.6
 UPDATE_FIXED_GIB = 7.35
 CHECKPOINTED_BYTES_PER_TOKEN_LAYER_UNIT = 11.5
@@ -56,7 +69,9 @@ CHECKPOINTED_UPDATE_FIXED_GIB = 1.63
 # this budget where their config kept the default.
 CHECKPOINTED_TOKENS_PER_DEFAULT = 2
 HEADROOM = 0.95  # share of the free memory a plan may fill (the allocator fragments)
-DEFAULT_KV_CACHE_GIB = 8.0  # a sweep's engines, when the configs give no KV cache size
+DEFAULT_KV_CACHE_GIB = 8.0  # a shared engine's KV cache when the model's KV size is unknown
+PROMPT_TOKENS = 256  # a prompt's share of a sequence in the KV cache (GSM8K's chat prompts: ~150-250)
+KV_STEP_GIB = 0.5  # a KV cache by need is rounded up to this, and is at least 1 GiB
 
 
 class GPUMemoryError(LabkitError, RuntimeError):
@@ -67,12 +82,14 @@ class GPUMemoryError(LabkitError, RuntimeError):
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What sizes a run's memory: parameters, vocabulary, layers, hidden width."""
+    """What sizes a run's memory: parameters, vocabulary, layers, hidden width, and the bytes
+    one token takes in the KV cache (bfloat16 keys and values of every layer; None: unknown)."""
 
     params: int
     vocab: int
     layers: int
     hidden: int
+    kv_bytes_per_token: int | None = None
 
     @classmethod
     def of(cls, model_path: str) -> ModelShape:
@@ -85,7 +102,11 @@ class ModelShape:
             model = AutoModelForCausalLM.from_config(config)
         params = sum(p.numel() for p in model.parameters())
         text = getattr(config, "text_config", config)
-        return cls(params, text.vocab_size, text.num_hidden_layers, text.hidden_size)
+        heads = text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+        kv_heads = getattr(text, "num_key_value_heads", None) or heads
+        return cls(params, text.vocab_size, text.num_hidden_layers, text.hidden_size,
+                   kv_bytes_per_token=2 * text.num_hidden_layers * kv_heads * head_dim * 2)
 
 
 @dataclass(frozen=True)
@@ -112,10 +133,23 @@ def activation_gib(shape: ModelShape, tokens: int, checkpointing: bool = False) 
     return tokens * shape.layers * shape.hidden * per / GIB
 
 
+def kv_cache_gib(cfg, shape: ModelShape) -> float:
+    """The KV cache a run's rollout needs: every sequence of it (prompts x answers) at its
+    longest (PROMPT_TOKENS + --rollout-max-response-len), rounded up to KV_STEP_GIB, at least
+    1 GiB; DEFAULT_KV_CACHE_GIB when the model's bytes a token are unknown. vLLM allocates
+    the cache in blocks as answers grow, so a rollout never holds more than this at once."""
+    if not shape.kv_bytes_per_token:
+        return DEFAULT_KV_CACHE_GIB
+    sequences = cfg.rollout_batch_size * cfg.n_samples_per_prompt
+    need = sequences * (PROMPT_TOKENS + cfg.rollout_max_response_len) * shape.kv_bytes_per_token / GIB
+    return max(1.0, math.ceil(need / KV_STEP_GIB) * KV_STEP_GIB)
+
+
 def run_memory(cfg, shape: ModelShape) -> RunMemory:
     """What a run of `cfg` holds of its GPU at its peak (a colocated vLLM engine with a fixed
-    KV cache; the engine asleep gives its share back, but a shared GPU cannot count on that)."""
-    kv = cfg.rollout_kv_cache_gb if cfg.rollout_kv_cache_gb is not None else DEFAULT_KV_CACHE_GIB
+    KV cache, the config's or kv_cache_gib; the engine asleep gives its share back, but a
+    shared GPU cannot count on that)."""
+    kv = cfg.rollout_kv_cache_gb if cfg.rollout_kv_cache_gb is not None else kv_cache_gib(cfg, shape)
     trainer = shape.params * (16 + 2) / GIB
     tokens = cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else \
         cfg.micro_batch_size * (cfg.rollout_max_response_len + 512)
@@ -131,7 +165,8 @@ def fits(cfg, shape: ModelShape, runs: int, free_gib: float) -> bool:
     return runs * run_memory(cfg, shape).total <= free_gib * HEADROOM
 
 
-def share_gpu(cfg, shape: ModelShape, runs: int, free_gib: float | None, *, default_tokens: int):
+def share_gpu(cfg, shape: ModelShape, runs: int, free_gib: float | None, *, default_tokens: int,
+              shrink: bool = True):
     """`cfg` as one of `runs` runs that share a GPU with `free_gib` free.
 
     In order: as it is, if that fits (`--gradient-checkpointing auto` stays off); with
@@ -139,9 +174,12 @@ def share_gpu(cfg, shape: ModelShape, runs: int, free_gib: float | None, *, defa
     kept it (on an H200 four recipe runs that checkpointed at the default budget had 1.91x
     the throughput of one run alone, against 0.99x with micro-batches cut to fit; the
     update alone was faster still at twice the budget: CHECKPOINTED_TOKENS_PER_DEFAULT);
-    then with the largest `--max-tokens-per-gpu` that fits, where the config kept the
-    default budget (`default_tokens`). What still does not fit is left for `plan_runs` to
-    refuse. With the free memory unknown, auto checkpointing is on (runs that share a GPU)."""
+    then checkpointed at the config's own budget, and with the largest `--max-tokens-per-gpu`
+    that fits, where the config kept the default budget (`default_tokens`). Those two smaller
+    passes only where `shrink` allows: a plan whose runs can wait seats fewer at once rather
+    than shrink them (it does for a run alone). What still does not fit is left for the plan
+    to refuse or seat. With the free memory unknown, auto checkpointing is on (runs that share
+    a GPU)."""
     auto = cfg.gradient_checkpointing is None
     keeps_default = cfg.use_dynamic_batch_size and cfg.max_tokens_per_gpu == default_tokens
     checkpointed = cfg.replace(gradient_checkpointing=True)
@@ -153,7 +191,7 @@ def share_gpu(cfg, shape: ModelShape, runs: int, free_gib: float | None, *, defa
     if fits(plain, shape, runs, free_gib):
         return plain
     best = checkpointed if auto else plain
-    if fits(best, shape, runs, free_gib):
+    if fits(best, shape, runs, free_gib) or not shrink:
         return best
     best = best.replace(max_tokens_per_gpu=cfg.max_tokens_per_gpu)
     if fits(best, shape, runs, free_gib):

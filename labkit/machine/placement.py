@@ -19,8 +19,13 @@ per GPU:
   are those of the GPU it starts on, so on cards with different free memory two runs of a
   sweep may differ in checkpointing or token budget (not in what a step computes).
 
-With one GPU the runs start together or not at all, as before this module: the plan is
-labkit.machine.memory.plan_runs over all of them, which refuses in one line what does not fit.
+Runs of different sizes take what each needs (labkit.machine.memory: a KV cache sized to the
+rollout), so a GPU's seats count runs, and a waiting run starts only where its planned memory
+fits beside the runs there (`Plan.place`): a small run may start where a large one must wait.
+The sweep seats the longest runs first (`longest_first`), so the last to finish is not a
+large run that waited behind small ones. One GPU is planned the same way: as many runs at
+once as fit, the others wait (before, three runs were planned as four, and a fourth beyond
+what fitted was refused).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -73,7 +79,36 @@ class Plan:
 
     def settings(self, cfg: RunConfig, gpu: GPU) -> RunConfig:
         """A new run's config for a seat on `gpu` (shared_gpu); a resumed run keeps its own."""
-        return cfg if self.shape is None else shared_gpu(cfg, self.shape, gpu.seats, gpu.free_gib)
+        return cfg if self.shape is None else shared_gpu(cfg, self.shape, gpu.seats, gpu.free_gib,
+                                                         shrink=gpu.seats == 1)
+
+    def place(self, cfg: RunConfig, running: Sequence[tuple[str | None, RunConfig]], *,
+              resumed: bool = False) -> tuple[GPU, RunConfig] | None:
+        """Where a waiting run starts now, and its config there: of the GPUs with a free seat
+        (`running`: (GPU id, config) of each run that runs), the one that runs fewest where
+        its planned memory fits beside theirs (the free memory read at the plan; a GPU whose
+        free memory is unknown takes it by seats alone). None when none has room yet. A
+        fresh run gets the GPU's settings (settings); a `resumed` one keeps its config."""
+        count = Counter(g for g, _ in running)
+        for gpu in sorted((g for g in self.gpus if count[g.id] < g.seats), key=lambda g: count[g.id]):
+            mine = cfg if resumed else self.settings(cfg, gpu)
+            if self.shape is None or gpu.free_gib is None:
+                return gpu, mine
+            beside = sum(memory.run_memory(c, self.shape).total for g, c in running if g == gpu.id)
+            if beside + memory.run_memory(mine, self.shape).total <= gpu.free_gib * memory.HEADROOM:
+                return gpu, mine
+        return None
+
+
+def longest_first(cfgs: Sequence[RunConfig]) -> list[int]:
+    """The order in which waiting runs take seats: the most answer tokens a run can write
+    first (steps x prompts x answers x the longest answer), ties in the sweep's order. On one
+    H200 the 16-answer run of lesson 1.3's sweep took 14.2 s a step to the 4-answer run's
+    7.5: started last, a large run would finish long after the rest."""
+    def work(c: RunConfig) -> int:
+        return c.num_rollout * c.rollout_batch_size * c.n_samples_per_prompt * c.rollout_max_response_len
+
+    return sorted(range(len(cfgs)), key=lambda k: -work(cfgs[k]))
 
 
 def anywhere(runs: int) -> Plan:
@@ -91,7 +126,7 @@ def plan(fresh: Sequence[RunConfig], resumed: Sequence[RunConfig],
     ids = gpu_ids(wanted)
     runs = len(fresh) + len(resumed)
     if len(ids) == 1:
-        return _one_gpu(ids[0], fresh, runs)
+        return _one_gpu(ids[0], fresh, resumed, runs)
     shape = memory.ModelShape.of(resolve_model((list(fresh) or list(resumed))[0].model))
     free = [memory.gpu_free_gib(i) for i in ids]
     if None in free:
@@ -100,7 +135,7 @@ def plan(fresh: Sequence[RunConfig], resumed: Sequence[RunConfig],
               f"out over GPUs {', '.join(ids)} without the check", file=sys.stderr, flush=True)
         return Plan(tuple(GPU(i, math.ceil(runs / len(ids))) for i in ids), shape)
     holds = [_holds(fresh, resumed, shape, f, runs) for f in free]
-    if not any(holds):
+    if not any(holds) or _largest(fresh, resumed, shape, 1, max(free)).total > max(free) * memory.HEADROOM:
         raise memory.GPUMemoryError(_none_holds_one(fresh, resumed, shape, ids, free))
     for i, f, n in zip(ids, free, holds):
         if n == 0:
@@ -114,35 +149,70 @@ def plan(fresh: Sequence[RunConfig], resumed: Sequence[RunConfig],
     return Plan(chosen, shape)
 
 
-def _one_gpu(gpu_id: str | None, fresh: Sequence[RunConfig], runs: int) -> Plan:
-    """All runs on one GPU at once: fresh ones sized to share it, checked together (plan_runs
-    refuses); with no fresh run there is nothing to size and no check."""
+def _one_gpu(gpu_id: str | None, fresh: Sequence[RunConfig], resumed: Sequence[RunConfig],
+             runs: int) -> Plan:
+    """The runs on one GPU: as many at once as fit in its free memory with a shared GPU's
+    settings (_holds), the others waiting for a place; none fitting is refused in one line.
+    With no fresh run there is nothing to size and no check."""
     from labkit.models import resolve_model
 
     if not fresh:
         return Plan((GPU(gpu_id, runs),))
     shape = memory.ModelShape.of(resolve_model(fresh[0].model))  # a GGUF is dequantized once
     free = memory.gpu_free_gib(0 if gpu_id is None else gpu_id)
-    shared = [shared_gpu(c, shape, runs, free) for c in fresh]
-    if free is not None:
-        need = memory.plan_runs(shared, shape, free)
-        print(f"labkit: {memory.describe_plan(shared[0], need[0], runs, free)}", flush=True)
-    else:
+    if free is None:
         print("labkit: the GPU's free memory could not be read; starting without the check",
               file=sys.stderr, flush=True)
-    return Plan((GPU(gpu_id, runs, free),), shape)
+        return Plan((GPU(gpu_id, runs, free),), shape)
+    seats = _holds(fresh, resumed, shape, free, runs)
+    need = _largest(fresh, resumed, shape, 1, free)
+    if seats == 0 or need.total > free * memory.HEADROOM:
+        raise memory.GPUMemoryError(
+            f"one run needs {need.describe()}, and the GPU has {free:.1f} GiB free "
+            f"({memory.HEADROOM:.0%} usable); free the GPU, or lower --max-tokens-per-gpu or "
+            f"--rollout-kv-cache-gb; nothing was started")
+    gpu = GPU(gpu_id, seats, free)
+    print(f"labkit: {_describe_one(gpu, fresh, resumed, shape, runs)}", flush=True)
+    return Plan((gpu,), shape)
+
+
+def _describe_one(gpu: GPU, fresh, resumed, shape, runs: int) -> str:
+    """One GPU's plan in one line: how many at once and wait, the shared settings, and what
+    each size of run is planned to hold (its KV cache by need)."""
+    cfgs = _configs(fresh, resumed, shape, gpu.seats, gpu.free_gib)
+    sizes = {}
+    for c in cfgs:
+        sizes.setdefault(f"{c.rollout_batch_size} x {c.n_samples_per_prompt}", (c, memory.run_memory(c, shape)))
+    if len(sizes) == 1:
+        (c, need), = sizes.values()
+        line = memory.describe_plan(c, need, min(gpu.seats, runs), gpu.free_gib)
+    else:
+        c = cfgs[0]
+        batches = (f"{c.max_tokens_per_gpu:,} tokens a micro-batch" if c.use_dynamic_batch_size
+                   else f"{c.micro_batch_size} samples a micro-batch")
+        ckpt = "with" if c.gradient_checkpointing else "without"
+        each = ", ".join(f"{k} {m.total:.1f} GiB (KV cache {c.rollout_kv_cache_gb:g})"
+                         for k, (c, m) in sizes.items())
+        line = (f"{min(gpu.seats, runs)} runs share the GPU ({gpu.free_gib:.0f} GiB free): each "
+                f"{ckpt} gradient checkpointing, {batches}; planned a run: {each}")
+    if runs > gpu.seats:
+        line += (f"; {runs} runs: at most {gpu.seats} at once, the others wait for a place "
+                 f"(the longest first)")
+    return line
 
 
 def _holds(fresh, resumed, shape, free_gib: float, most: int) -> int:
     """How many of the sweep's runs a GPU with `free_gib` free holds at once: the largest n
-    (up to `most`) for which n runs of each config, with the settings for n, fit together
-    and keep their token budget per micro-batch; else 1 where one fits with a smaller one.
-    Runs can wait here, so a smaller budget is no price worth paying for one more at once:
-    on an H200 four runs with micro-batches cut to fit did 0.99x the steps of one alone,
-    checkpointed at the default budget 1.91x (labkit.machine.memory.share_gpu)."""
+    (up to `most`) for which the n smallest runs, with the settings for n, fit together and
+    keep their token budget per micro-batch; else 1 where one fits with a smaller one. Runs
+    of one size are n of that run; of several sizes, which n run at once is decided as they
+    start (Plan.place). Runs can wait here, so a smaller budget is no price worth paying for
+    one more at once: on an H200 four runs with micro-batches cut to fit did 0.99x the steps
+    of one alone, checkpointed at the default budget 1.91x (labkit.machine.memory.share_gpu)."""
     def fit(n: int, smaller_budget: bool) -> bool:
-        shared = [(shared_gpu(c, shape, n, free_gib), c) for c in fresh]
-        return (all(memory.fits(c, shape, n, free_gib) for c in [*(s for s, _ in shared), *resumed])
+        shared = [(shared_gpu(c, shape, n, free_gib, shrink=smaller_budget), c) for c in fresh]
+        needs = sorted(memory.run_memory(c, shape).total for c in [*(s for s, _ in shared), *resumed])
+        return (sum(needs[:n]) <= free_gib * memory.HEADROOM
                 and (smaller_budget or all(s.max_tokens_per_gpu >= c.max_tokens_per_gpu
                                            for s, c in shared)))
 
@@ -153,7 +223,7 @@ def _holds(fresh, resumed, shape, free_gib: float, most: int) -> int:
 
 
 def _configs(fresh, resumed, shape, runs: int, free_gib: float | None) -> list[RunConfig]:
-    return [*(shared_gpu(c, shape, runs, free_gib) for c in fresh), *resumed]
+    return [*(shared_gpu(c, shape, runs, free_gib, shrink=runs == 1) for c in fresh), *resumed]
 
 
 def _largest(fresh, resumed, shape, runs: int, free_gib: float) -> memory.RunMemory:
@@ -211,6 +281,10 @@ def parse_gpus(value, given_as: str) -> list[str] | None:
     if not ids or "" in ids or any(i.startswith("-") for i in ids):
         raise ConfigError(f"{given_as} {shown!r}: list GPU numbers (as nvidia-smi numbers them) "
                           f"between commas, e.g. 0,1")
+    for i in ids:  # a number, or a GPU's UUID as CUDA_VISIBLE_DEVICES takes it (GPU-..., MIG-...)
+        if not (i.isdigit() or i.startswith(("GPU-", "MIG-"))):
+            raise ConfigError(f"{given_as} {shown!r}: {i!r} is not a GPU; list GPU numbers (as "
+                              f"nvidia-smi numbers them) between commas, e.g. 0,1")
     for k, i in enumerate(ids):
         if i in ids[:k]:
             raise ConfigError(f"{given_as} {shown}: GPU {i} is listed twice; list each GPU once")
@@ -252,16 +326,20 @@ def device_env(gpu: str | None) -> dict:
 
 
 # ----------------------------------------------------------------------------- one run's settings
-def shared_gpu(cfg: RunConfig, shape, runs: int, free: float | None) -> RunConfig:
-    """A run's settings for a GPU it shares with `runs` runs: a fixed KV cache, no sleep mode
-    (vLLM's memory checks measure the whole GPU), no progress bar of its own, and what lets
-    every run fit: gradient checkpointing (where auto), else a smaller token budget per
-    micro-batch (where the config kept the default budget): labkit.machine.memory.share_gpu."""
+def shared_gpu(cfg: RunConfig, shape, runs: int, free: float | None, *,
+               shrink: bool = True) -> RunConfig:
+    """A run's settings for a GPU it shares with `runs` runs: a fixed KV cache (what its
+    rollout needs), no sleep mode (vLLM's memory checks measure the whole GPU), no progress
+    bar of its own, and what lets `runs` such runs fit: gradient checkpointing (where auto),
+    else, with `shrink`, a smaller token budget per micro-batch (where the config kept the
+    default budget): labkit.machine.memory.share_gpu. A sweep's plan shrinks for a run alone
+    only; others wait for a place instead."""
     # vLLM still checks at start that the free memory covers its fraction of the whole GPU
     # (with a fixed KV cache the fraction sizes nothing else): keep it within one share.
     changes = dict(rollout_sleep=False, progress=False,
                    rollout_gpu_memory_fraction=min(cfg.rollout_gpu_memory_fraction, 0.5 / runs))
-    if cfg.rollout_kv_cache_gb is None:
-        changes["rollout_kv_cache_gb"] = memory.DEFAULT_KV_CACHE_GIB
+    if cfg.rollout_kv_cache_gb is None:  # what its rollout needs (labkit.machine.memory)
+        changes["rollout_kv_cache_gb"] = memory.kv_cache_gib(cfg, shape) if shape else memory.DEFAULT_KV_CACHE_GIB
     cfg = cfg.replace(**changes)
-    return memory.share_gpu(cfg, shape, runs, free, default_tokens=RunConfig().max_tokens_per_gpu)
+    return memory.share_gpu(cfg, shape, runs, free, default_tokens=RunConfig().max_tokens_per_gpu,
+                            shrink=shrink)

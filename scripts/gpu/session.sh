@@ -69,6 +69,7 @@ for r in "$R"/*/ "$SOLO"/runs/*/; do
 done
 cp "$R"/*.log "$C/" 2>/dev/null
 mkdir -p "$C/solo" && cp -r "$SOLO"/logs/* "$C/solo/" 2>/dev/null
+cp "$SOLO"/runs/*.log "$C/solo/" 2>/dev/null  # each side-by-side run's own output
 cp -r "$OUT/logs" "$C/" && rm -rf "$OUT/logs"
 nvidia-smi --query-gpu=index,temperature.gpu,memory.used,utilization.gpu --format=csv > "$C/gpu-now.txt" 2>&1
 tar -czf "$OUT/collect.tar.gz" -C "$OUT" collect && rm -rf "$C"

@@ -18,6 +18,10 @@
 #   sweep4_mps      sweep4 with NVIDIA MPS (one daemon for the GPU, started and quit here)
 #   lesson_sweep    lesson 1.3's GPU cell: 4, 8 and 16 answers side by side, 24 steps, held-out
 #                   accuracy at both ends, cold (LESSON_EXTRA: flags added to it)
+#   study           the group-size study as one command: `labkit sweep --rm-type math
+#                   --n-samples-per-prompt 4,8,16 --seed 1,2,3` (nine recipe runs, 24 steps,
+#                   held-out accuracy and each problem's outcome at both ends), as many at once
+#                   as the memory plan seats, the longest first (STUDY_EXTRA: flags added)
 #   update_probe    the update alone, one process and 4 side by side (update_side_by_side.sh)
 #   update_kernels  the update alone (recipe's architecture, random weights), plain at 12,288 tokens
 #                   and checkpointed at 24,576: labkit's layers and liger-kernel's
@@ -146,6 +150,9 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
     lesson_sweep) job lesson_sweep 600 python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
       --seed "${LESSON_SEED:-11}" --lr 1e-6 --engine vllm --save-interval -1 --no-progress --model "$M" --data "$D" \
       --output-dir "$SOLO/runs" --run-name lesson ${LESSON_EXTRA:-} ;;
+    study) job study "${STUDY_LIMIT:-1500}" python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
+      --seed 1,2,3 --save-interval -1 --no-progress --model "$M" --data "$D" --output-dir "$SOLO/runs" \
+      --run-name study ${STUDY_EXTRA:-} ;;
     alone16) job alone16 300 python -m labkit launch "${SHORT[@]}" --n-samples-per-prompt 16 \
       --global-batch-size 512 --seed 21 --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name alone16 ;;
     http2|http1|http1d|burst503)
