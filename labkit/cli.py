@@ -20,6 +20,7 @@ take configs and paths, never argv.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import signal
 import sys
@@ -229,8 +230,10 @@ def _guarded(name: str, command, args, debug: bool = False) -> int:
             raise
         what = (f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.filename
                 else one_line(e))
-        print(f"labkit {name}: {what} (check the paths and numbers given; --debug shows the "
-              f"traceback)", file=sys.stderr)
+        full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
+        fix = ("the disk is full: free some space" if full  # no path or number of the user's is wrong
+               else "check the paths and numbers given")
+        print(f"labkit {name}: {what} ({fix}; --debug shows the traceback)", file=sys.stderr)
         return 2
     except Exception as e:
         if debug:
@@ -255,7 +258,7 @@ def launch(argv: list[str]) -> int:
     pre.add_argument("--dry-run", action="store_true")
     own, rest = pre.parse_known_args(argv)
     if own.resume:
-        return _resume(own.resume, rest)
+        return _resume(own.resume, rest, dry_run=own.dry_run)
     if own.backend == "miles":
         from labkit import miles
 
@@ -268,7 +271,12 @@ def launch(argv: list[str]) -> int:
         return miles.launch(cfg.check(), explicit=explicit, dry_run=own.dry_run, out_dir=None)
     cfg, explicit = resolve_args(rest)
     _say_ignored(cfg, explicit)
-    if own.dry_run:
+    if own.dry_run:  # what the run would refuse before its weights load, refused the same way
+        from labkit.run.log import check_new_run_folder
+        from labkit.session import load_inputs
+
+        check_new_run_folder(cfg)
+        load_inputs(cfg)
         print(_describe(cfg))
         return 0
     _say_batch(cfg)
@@ -302,14 +310,15 @@ def sweep(argv: list[str]) -> int:
         return 0
     words, own, values = _sweep_words(argv)
     configs, axes, prefix = sweep_configs(words, values)
-    if own["dry_run"]:
-        print(_describe_sweep(configs, axes))
-        return 0
     again = [*argv] + ([] if prefix is None else ["--run-name", prefix])
     again += [] if own["resume"] else ["--resume"]
     hints = sweepmod.Hints(resume=f"`labkit sweep {shlex.join(again)}`", rename="another --run-name",
                            flags=True)
     gpus = placement.parse_gpus(own["gpus"], "--gpus")
+    if own["dry_run"]:  # the sweep's own checks (prepare_sweep): it refuses what the sweep would
+        sweepmod.prepare_sweep(configs, resume=own["resume"], hints=hints, gpus=gpus)
+        print(_describe_sweep(configs, axes))
+        return 0
     slots = sweepmod.run_sweep(configs, resume=own["resume"], hints=hints, gpus=gpus)
     return sweepmod.sweep_exit_code(slots)
 
@@ -335,12 +344,12 @@ def sweep_parser() -> argparse.ArgumentParser:
 def _sweep_words(argv: list[str]) -> tuple[list[str], dict, list[tuple[int, str]]]:
     """(words for RunConfig's parser, the sweep's own flags, (index, field) of each flag's
     value among the words). `--flag=value` is taken as two words, and a flag's value is the
-    next word even when it starts with a dash (`--save-interval -1,1`)."""
-    from dataclasses import fields
+    next word even when it starts with a dash (`--save-interval -1,1`). Which flags take a
+    value is the parser's own word (flags_taking_values), so a flag that takes none
+    (`--use-liger-kernel`) leaves the next word to its own flag, in any order."""
+    from labkit.config import flags_taking_values
 
-    takes = {"--" + f.name.replace("_", "-"): f.name for f in fields(RunConfig)
-             if f.type not in ("bool", bool)}
-    takes["--preset"] = ""
+    takes = flags_taking_values()
     words, own, values, i = [], {"resume": False, "dry_run": False, "gpus": None}, [], 0
     while i < len(argv):
         word = argv[i]
@@ -379,7 +388,7 @@ def sweep_configs(words: list[str], values: list[tuple[int, str]]):
     run names' prefix when the sweep made it (None when --run-name gave it)."""
     import itertools
 
-    from labkit.config import check_run_name, fit_micro_batch, sweepable
+    from labkit.config import check_run_name, sweepable
 
     axes = [(i, name, _listed(name, words[i])) for i, name in values
             if name and sweepable(name) and "," in words[i]]
@@ -390,7 +399,7 @@ def sweep_configs(words: list[str], values: list[tuple[int, str]]):
             args[i] = v
         cfg, explicit = resolve_args(args, check=False)
         if "global_batch_size" not in explicit:
-            cfg = fit_micro_batch(cfg.replace(global_batch_size=cfg.samples_per_rollout), explicit)
+            cfg = _derived_global_batch(cfg, explicit)
         if "run_name" in explicit:
             check_run_name(cfg.run_name)  # the prefix as given, before the values are added
             prefix = None
@@ -401,6 +410,21 @@ def sweep_configs(words: list[str], values: list[tuple[int, str]]):
         configs.append(cfg.replace(run_name=name).check())
     _refuse_repeated_runs(configs, [field for _, field, _ in axes])
     return configs, [(field, items) for _, field, items in axes], prefix
+
+
+def _derived_global_batch(cfg: RunConfig, explicit: set[str]) -> RunConfig:
+    """The config with --global-batch-size at prompts x answers (one optimizer step per
+    rollout), where the sweep's flags do not give it. A number that cannot be a batch (an
+    answer count of 0) is left for cfg.check() to name, as launch names it; a --micro-batch-size
+    larger than the derived batch is refused, saying where that batch came from."""
+    from labkit.config import fit_micro_batch
+
+    p, n = cfg.rollout_batch_size, cfg.n_samples_per_prompt
+    try:
+        return fit_micro_batch(cfg.replace(global_batch_size=cfg.samples_per_rollout), explicit)
+    except ConfigError as e:
+        raise ConfigError(f"{e} (the sweep's --global-batch-size, where it is not given, is "
+                          f"--rollout-batch-size {p} x --n-samples-per-prompt {n})") from None
 
 
 def _refuse_repeated_runs(configs: list[RunConfig], listed: list[str]) -> None:
@@ -458,12 +482,14 @@ def launch_config(a: argparse.Namespace) -> int:
     return _ended(train(cfg, resume=a.resume))
 
 
-def _resume(run_dir: str, rest: list[str]) -> int:
-    """Continue a run folder with its own config (flags may only change bookkeeping)."""
+def _resume(run_dir: str, rest: list[str], dry_run: bool = False) -> int:
+    """Continue a run folder with its own config (flags may only change bookkeeping). With
+    `dry_run`, check what the resume would refuse, print the config and start nothing."""
+    from labkit.run.files import file_there
     from labkit.run.log import RunLogError, saved_config
     from labkit.trainer import train
 
-    if not (Path(run_dir) / "config.json").is_file():
+    if not file_there(Path(run_dir) / "config.json"):
         raise RunLogError(f"--resume {run_dir}: not a labkit run folder (no config.json); "
                           f"name a folder under runs/")
     cfg = saved_config(run_dir)
@@ -471,7 +497,26 @@ def _resume(run_dir: str, rest: list[str]) -> int:
         _, explicit = resolve_args(rest, env={})
         given = build_run_parser().parse_args(values_may_start_with_a_dash(rest))
         cfg = cfg.replace(**{k: getattr(given, k) for k in explicit})
+    if dry_run:
+        print(_describe(cfg.check()))
+        print(_resume_plan(Path(run_dir), cfg))
+        return 0
     return _ended(train(cfg.check(), resume=run_dir))
+
+
+def _resume_plan(run_dir: Path, cfg: RunConfig) -> str:
+    """What `--resume run_dir` would do, checked as the resume checks it (RunLog.check,
+    the folder's config, its checkpoint, the inputs); a refusal is the resume's own."""
+    from labkit.lifecycle import check_resumable
+    from labkit.run.log import RunLog, refuse_other_config
+    from labkit.session import load_inputs
+
+    log = RunLog.check(run_dir)
+    refuse_other_config(run_dir, cfg)
+    found = check_resumable(log, cfg, log.last_step() + 1)
+    load_inputs(cfg)
+    where = (f"after step {found[0]} (its checkpoint)" if found is not None else "from step 0")
+    return f"resume: {run_dir} would go on {where} to step {cfg.num_rollout - 1}; nothing started (--dry-run)"
 
 
 def _ended(run) -> int:
@@ -487,15 +532,21 @@ def _ended(run) -> int:
 
 
 def _say_reward(run) -> None:
-    """One line: the reward at the start -> at the end of the run, and where its plot is."""
+    """One line: held-out accuracy before -> after with its paired interval (when the run
+    evaluated at both ends), then the training reward at the start -> at the end, and where
+    its plot is."""
     from labkit import analysis
 
     try:
         start, end, k = analysis.reward_at_ends(run.metrics)
         early, late = analysis.end_windows(run.metrics)
-        written = analysis.save_figure(analysis.reward_curve(run.dir, early=early, late=late),
-                                       run.dir, "reward")
+        figure = analysis.reward_curve(run.dir, early=early, late=late)
     except (analysis.AnalysisError, KeyError, ValueError):  # no finished step to speak of
+        return
+    try:
+        written = analysis.save_figure(figure, run.dir, "reward")
+    except OSError as e:  # a disk that filled after the run's last write: the run stands
+        _say_plot_not_written(run, e)
         return
     try:  # the share of answers right: math_format's reward also pays for the format
         right = analysis.reward_parts(run.metrics)["answers right"]
@@ -505,7 +556,32 @@ def _say_reward(run) -> None:
     n = len(run.metrics)
     ends = (f"the first and the last of {n} steps" if k == 1
             else f"mean of the first and of the last {k} of {n} steps")
-    print(f"reward {start:.3f} -> {end:.3f}{right_text} ({ends}); plot: {written[0]}")
+    held = analysis.heldout_line(analysis.heldout_change(run.dir))
+    if not held:
+        print(f"reward {start:.3f} -> {end:.3f}{right_text} ({ends}); plot: {written[0]}")
+        return
+    # held-out first; the training figures second, with why they swing
+    prompts = run.config.get("rollout_batch_size")
+    each = f", {k * prompts} problems each" if isinstance(prompts, int) else ""
+    firsts = f"first vs last step of {n}" if k == 1 else f"first vs last {k} of {n} steps"
+    train = (f"answers right {right.iat[0]:.3f} -> {right.iat[1]:.3f}, " if right_text else "")
+    print(f"{held}; training {train}reward {start:.3f} -> {end:.3f} ({firsts}{each}: noisy); "
+          f"plot: {written[0]}")
+
+
+def _say_plot_not_written(run, e: OSError) -> None:
+    """One line for a reward plot the disk had no room for (or that cannot be written there),
+    naming the files and the run's status, which the run wrote before; what was half written
+    of the plot is removed."""
+    from labkit.run.files import write_failed
+
+    paths = [run.dir / "reward.png", run.dir / "reward.svg"]
+    for path in paths:
+        path.unlink(missing_ok=True)
+    words = str(write_failed(paths[0], e)).replace(str(paths[0]), f"the reward plot {paths[0]} "
+                                                                  f"(and .svg)", 1)
+    print(f"labkit: {words}; the run itself is written whole (its status: "
+          f"{run.dir / 'status.json'})", file=sys.stderr, flush=True)
 
 
 def _say_ignored(cfg: RunConfig, explicit: set[str]) -> None:

@@ -692,14 +692,23 @@ def resolve_args(argv: Sequence[str] = (), env: dict | None = None, *,
     return cfg, set(ns)
 
 
+def flags_taking_values(parser: argparse.ArgumentParser | None = None) -> dict[str, str]:
+    """{flag: field} for every flag of RunConfig's parser (build_parser) that takes a value
+    (`--seed 1`, `--preset cpu`), read from the parser's own actions, so that whoever splits a
+    command line agrees with argparse: a flag that takes none (`--use-liger-kernel`,
+    `--no-progress`, whatever the type of its field) never takes the next word as its value."""
+    parser = parser or build_parser()
+    return {flag: action.dest for action in parser._actions if action.nargs != 0
+            for flag in action.option_strings}
+
+
 def values_may_start_with_a_dash(argv: Sequence[str]) -> list[str]:
     """`--time-limit -5m` as `--time-limit=-5m`: argparse takes a value that starts with "-"
     (other than a plain negative number) for a missing one, and says "expected one argument"
     instead of what is wrong with the value."""
-    known = {_flag(f.name) for f in fields(RunConfig)} | {"--preset"}
-    takes_value = {_flag(f.name) for f in fields(RunConfig) if f.type not in BOOL_TYPES}
-    takes_value.add("--preset")
-    known |= {"--no-" + f.name.replace("_", "-") for f in fields(RunConfig)} | {"-h", "--help"}
+    parser = build_parser()
+    takes_value = flags_taking_values(parser)
+    known = {flag for action in parser._actions for flag in action.option_strings}
     args, out, i = list(argv), [], 0
     while i < len(args):
         if (args[i] in takes_value and i + 1 < len(args) and args[i + 1].startswith("-")
@@ -745,7 +754,10 @@ def fit_micro_batch(cfg: RunConfig, explicit: set[str]) -> RunConfig:
     """Lower a --micro-batch-size the user did not give to the global batch (a default of 8
     must not block a global batch of 4); refuse one the user gave that is larger."""
     g = cfg.global_batch_size
-    if not isinstance(g, int) or not isinstance(cfg.micro_batch_size, int) or cfg.micro_batch_size <= g:
+    # A global batch that is no valid number (0, a derived prompts x answers of 0) is the
+    # problem itself: check() names it, not the micro-batch that would not fit in it.
+    if (not isinstance(g, int) or isinstance(g, bool) or g < 1
+            or not isinstance(cfg.micro_batch_size, int) or cfg.micro_batch_size <= g):
         return cfg
     if "micro_batch_size" in explicit:
         raise ConfigError(f"--micro-batch-size {cfg.micro_batch_size} is larger than "

@@ -3,9 +3,10 @@
 A run must lose nothing when it dies and log nothing twice when it goes on. Before anything
 loads, `--resume` checks there is a checkpoint to continue from (or that no step was
 logged) and refuses otherwise, naming what is missing; the steps logged after the
-checkpoint are set aside. Between steps the save policy (labkit.run.checkpoint.SavePolicy)
-decides when to checkpoint. At the end, whatever ended the run (the last step, a time
-limit, a signal, an error), `status.json` is written, then the final checkpoint (a
+checkpoint are set aside, and a step logged twice keeps the line the checkpoint follows.
+Between steps the save policy (labkit.run.checkpoint.SavePolicy) decides when to
+checkpoint. At the end, whatever ended the run (the last step, a time limit, a signal, an
+error), `status.json` is written, then the final checkpoint (a
 checkpoint that fills the disk must not cost the status), with the signal handlers still
 up so a second signal cannot cut the status short. A step whose weight sync to the engines
 failed after its update stands: it is logged and checkpointed, not blamed on the optimizer.
@@ -70,7 +71,10 @@ def check_resumable(log: RunLog, cfg: RunConfig, logged_next: int):
     Refuses (RunLogError naming what is missing) a run with logged steps and no checkpoint,
     and a completed run with no steps left to run."""
     found = latest_checkpoint(log.dir)
-    status = log.status() or {}
+    try:
+        status = log.status() or {}
+    except RunLogError:  # a status that is not JSON: the resume moves it aside (RunLog.open)
+        status = {}
     if (found is not None and found[0] + 1 >= cfg.num_rollout
             and not evaluation_owed(log, cfg, found[0] + 1)):
         raise RunLogError(
@@ -110,6 +114,7 @@ def restore(s: Session, found) -> int:
     load_checkpoint(path, s.policy, s.optimizer)
     s.engine.update_weights(s.policy)
     redo = s.log.set_aside_steps_after(step)
+    s.log.keep_each_step_once(step)  # a step logged twice: the line the checkpoint follows stays
     again = (f"; steps {step + 1}-{step + redo} run again (their old lines: *.after-checkpoint)"
              if redo else "")
     if step + 1 >= s.cfg.num_rollout:
@@ -285,7 +290,7 @@ def kept_checkpoint(run_dir: Path) -> str:
     the run; delete that folder to free the space', or '' when the run keeps none. The way
     to resume is a cell's in a notebook (labkit.run.progress.in_notebook), the command line's
     elsewhere: a stopped run's checkpoint is large, and it is there only to resume."""
-    from labkit.run.progress import in_notebook
+    from labkit.run.progress import RESUME_HOW, in_notebook
 
     try:
         found = latest_checkpoint(run_dir)
@@ -295,8 +300,8 @@ def kept_checkpoint(run_dir: Path) -> str:
         return ""
     folder = found[1].parent
     size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-    how = (f"labkit.launch(cfg, resume={str(run_dir)!r})" if in_notebook()
-           else f"labkit launch --resume {run_dir}")
+    how = RESUME_HOW.get() or (f"labkit.launch(cfg, resume={str(run_dir)!r})" if in_notebook()
+                               else f"labkit launch --resume {run_dir}")
     return (f"checkpoint after step {found[0]} kept in {folder} ({_size_text(size)}): {how} "
             f"continues the run; delete that folder to free the space")
 
@@ -313,10 +318,11 @@ def resume_note(run_dir: Path) -> str:
     """What --resume of `run_dir` will do, in words, for a status message."""
     try:
         found = latest_checkpoint(run_dir)
+        logged = bool(RunLog(run_dir).steps())
     except RunLogError:
-        found = None
+        found, logged = None, True
     if found is None:
-        if not RunLog(run_dir).steps():
+        if not logged:
             return "no step was logged, so --resume starts it again from step 0"
         return "there is no checkpoint, so --resume is refused"
     return f"--resume continues after step {found[0]}, the last checkpoint"

@@ -18,7 +18,7 @@ import torch
 from labkit import data as datamod
 from labkit.actor import make_optimizer
 from labkit.config import RunConfig
-from labkit.engines import keep, make_engine, resolve_engine
+from labkit.engines import check_engine, keep, make_engine, resolve_engine
 from labkit.engines.base import Engine
 from labkit.errors import ConfigError
 from labkit.evaluation import held_out_problems
@@ -81,18 +81,14 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
     if device.type == "cpu" and (busy := fit_threads()):
         print(busy, flush=True)  # before anything loads: the load is then other programs'
     timers: dict = {}
-    with timed(timers, "startup_data"):
-        # The problem set is the same for every seed (seed 0); cfg.seed only orders it.
-        problems = datamod.load_problems(cfg.data, "train", seed=0,
-                                         synthetic_steps=cfg.synthetic_steps)
-        eval_problems = held_out_problems(cfg)  # with auto, cut at the first evaluation
-    reward_fn = load_reward(cfg.rm_type, cfg.custom_rm_path)
-    with timed(timers, "startup_model"):
-        path = resolve_model(cfg.model)
-        liger = liger_kernels(cfg, device, path)  # refused before the policy loads
+    inputs = load_inputs(cfg, timers)
+    problems, eval_problems, reward_fn = inputs.problems, inputs.eval_problems, inputs.reward_fn
+    path, liger = inputs.model_path, inputs.liger
+    with timed(timers, "startup_weights"):
         tokenizer = load_tokenizer(path)
         policy_key = (path, str(device), bool(cfg.gradient_checkpointing), liger)
         policy, policy_reused = keep.take_policy(policy_key, lambda: _load_policy(cfg, path, device, liger))
+    timers["startup_model"] += timers.pop("startup_weights")
     compute = pick_dtype(cfg.dtype, device)
     autocast = contextlib.nullcontext
     if compute != torch.float32:
@@ -122,6 +118,37 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
     return Session(cfg, log, policy, tokenizer, engine, make_optimizer(policy, cfg), problems,
                    eval_problems, reward_fn, guard, autocast, ref, stop_token_ids(tokenizer, policy),
                    owns_engine=owns_engine, startup=startup, policy_key=policy_key)
+
+
+@dataclass
+class Inputs:
+    """What a run reads before its weights load (load_inputs)."""
+
+    problems: list
+    eval_problems: list
+    reward_fn: object
+    model_path: str  # a local folder or a hub id (labkit.models.resolve_model)
+    liger: bool  # whether the policy takes liger-kernel's kernels (liger_kernels)
+
+
+def load_inputs(cfg: RunConfig, timers: dict | None = None) -> Inputs:
+    """The run's problems and held-out split, its reward, its model's files (found, not yet
+    loaded) and what this machine must have for the config (liger-kernel's kernels, vLLM),
+    each refused in one line where it cannot serve. The run reads them here, and a dry run
+    or a sweep checks them here before anything starts, so a dry run refuses exactly what the
+    run would. `timers` gets perf/startup_data and startup_model (seconds)."""
+    timers = {} if timers is None else timers
+    with timed(timers, "startup_data"):
+        # The problem set is the same for every seed (seed 0); cfg.seed only orders it.
+        problems = datamod.load_problems(cfg.data, "train", seed=0,
+                                         synthetic_steps=cfg.synthetic_steps)
+        eval_problems = held_out_problems(cfg)  # with auto, cut at the first evaluation
+    reward_fn = load_reward(cfg.rm_type, cfg.custom_rm_path)
+    with timed(timers, "startup_model"):
+        path = resolve_model(cfg.model)
+        liger = liger_kernels(cfg, default_device(), path)  # refused before the policy loads
+    check_engine(cfg)
+    return Inputs(problems, eval_problems, reward_fn, path, liger)
 
 
 def _load_policy(cfg: RunConfig, path: str, device, liger: bool) -> torch.nn.Module:

@@ -11,7 +11,11 @@ and the same result: a list of Runs that labkit.analysis reads as any other.
 What a user can count on:
 
 * the whole sweep is checked before anything starts (each config, the data, model and
-  reward they use, the run folders, the memory): a refusal is one line, nothing started;
+  reward they use and what the machine lacks for them, the run folders, the GPUs asked
+  for, the memory): a refusal is one line, nothing started. `prepare_sweep` makes every
+  check, and a dry run calls it too, so it refuses exactly what the sweep would;
+* a summary never advises a resume that would be refused: a folder it would refuse (no
+  checkpoint after its logged steps) is named first, with the way on;
 * a run that fails, however (an error, a reward that calls sys.exit), does not stop the
   others; a line names it and why (its status.json);
 * one stop (Ctrl-C, a notebook's stop button, SIGTERM, SIGHUP) stops every run after its
@@ -44,7 +48,8 @@ from pathlib import Path
 
 from labkit.config import ConfigError, RunConfig
 from labkit.errors import LabkitError, RunLogError, one_line
-from labkit.machine.placement import SHARED_GPU_FIELDS
+from labkit.machine.placement import SHARED_GPU_FIELDS, longest_first
+from labkit.run.files import file_there
 from labkit.run.log import (
     CONFIG,
     METRICS,
@@ -85,6 +90,10 @@ class _Slot:
     resume_dir: str | None = None  # the folder this run continues (resume=True)
     gpu: str | None = None  # the GPU its process saw (CUDA_VISIBLE_DEVICES), once started
     extra: dict = field(default_factory=dict)
+    asked: RunConfig | None = None  # the config as the caller gave it (a resume gives it again)
+
+    def __post_init__(self):
+        self.asked = self.asked or self.cfg
 
     @property
     def dir(self) -> Path:
@@ -127,23 +136,21 @@ def run_sweep(configs, *, resume: bool = False, side_by_side: bool | None = None
               hints: Hints = Hints(), gpus=None) -> list[_Slot]:
     """launch_many, returning each config's slot (its outcome and exit code); `hints` word
     the summary's advice for the caller (`labkit sweep` names its own flags)."""
-    from labkit.machine import placement
-
-    wanted = placement.requested(gpus)
-    slots = [_Slot(c) for c in _named(_as_configs(configs))]
+    ready = prepare_sweep(configs, resume=resume, side_by_side=side_by_side, hints=hints, gpus=gpus)
+    slots = ready.slots
     if not slots:
         return slots
-    for s in slots:
-        s.cfg.check()
-    _plan(slots, resume, hints)
-    _check_inputs([s.cfg for s in slots if s.outcome != "completed"])
-    if side_by_side is None:
-        side_by_side = len(slots) > 1 and _on_gpu(slots[0].cfg)
     with _stops_caught() as stops:
-        if side_by_side:
-            _side_by_side(slots, stops, wanted)
+        if ready.plan is not None:
+            _side_by_side(slots, stops, ready.plan)
         else:
-            _one_after_another(slots, stops)
+            from labkit.run.progress import RESUME_HOW
+
+            said = RESUME_HOW.set(hints.resume)  # a run's stop line words its resume as ours
+            try:
+                _one_after_another(slots, stops)
+            finally:
+                RESUME_HOW.reset(said)
     if stops:  # a stop between runs: the runs it kept from starting say which signal
         for s in slots:
             if s.outcome == "not started":
@@ -172,9 +179,37 @@ def summary(slots, hints: Hints = Hints()) -> str:
         groups.setdefault(kind, []).append(s.cfg.run_name + where + (
             f" ({s.outcome.split(':', 1)[1].strip()})" if kind == "failed" else ""))
     parts = [f"{len(v)} {words.get(k, k)} ({', '.join(v)})" for k, v in groups.items()]
-    tail = (f"; {hints.resume} continues them" if {"stopped", "time limit", "not started"} & set(groups)
-            else "")
+    tail = ""
+    if {"stopped", "time limit", "not started"} & set(groups):
+        # the resume advised must go: a folder it would refuse is named first, with the way on
+        refused = [why for why in (_resume_refusal(s, hints) for s in slots) if why]
+        tail = "; " + "; ".join(refused) + (", then " if refused else "") + \
+            f"{hints.resume} continues them"
     return f"{len(slots)} runs: " + "; ".join(parts) + tail
+
+
+def _resume_refusal(s: _Slot, hints: Hints) -> str | None:
+    """Why the resume the summary advises would refuse this run's folder (_plan_one, as that
+    resume plans it), with the way on; None when it would take the folder (or the run is new,
+    or completed)."""
+    from labkit.run.checkpoint import latest_checkpoint
+
+    if s.outcome == "completed" or s.run() is None:
+        return None
+    try:
+        _plan_one(_Slot(s.asked), hints)
+        return None
+    except LabkitError as e:
+        refusal = one_line(e)
+    try:
+        found, logged = latest_checkpoint(s.dir), RunLog(s.dir).last_step()
+    except LabkitError:
+        return refusal
+    if found is None and logged >= 0:  # e.g. a second stop that came during the update
+        return (f"{s.dir} keeps no checkpoint to go on from (steps 0-{logged} are logged; its "
+                f"status.json says how it stopped), so a resume would refuse it: move it away "
+                f"to run it afresh")
+    return refusal
 
 
 def out_of_gpu_memory(status: dict | None, log_text: str = "", log: Path | None = None) -> str | None:
@@ -190,6 +225,81 @@ def out_of_gpu_memory(status: dict | None, log_text: str = "", log: Path | None 
 
 
 # ----------------------------------------------------------------------------- before it starts
+@dataclass
+class Prepared:
+    """A sweep checked and decided, nothing started: each config's slot, and where the runs
+    go side by side (a placement plan; None: one after another in this process)."""
+
+    slots: list[_Slot]
+    plan: object | None = None
+
+
+def prepare_sweep(configs, *, resume: bool = False, side_by_side: bool | None = None,
+                  hints: Hints = Hints(), gpus=None) -> Prepared:
+    """Everything a sweep checks and decides before its first run starts, in one place: the
+    GPUs asked for, each config, the run folders (what resume does with each), the inputs
+    every run reads and what the machine must have for them, whether the runs go side by
+    side, and where (the memory plan). A refusal is one line, nothing started. The sweep
+    runs it, and `labkit sweep --dry-run` runs it and stops: a dry run refuses exactly what
+    the sweep would."""
+    from labkit.machine import placement
+
+    wanted = placement.requested(gpus)
+    slots = [_Slot(c) for c in _named(_as_configs(configs))]
+    if not slots:
+        return Prepared(slots)
+    for s in slots:
+        s.cfg.check()
+    _plan(slots, resume, hints)
+    todo = [s for s in slots if s.outcome != "completed"]
+    _check_folders([s for s in todo if s.resume_dir is None])
+    _check_inputs([s.cfg for s in todo])
+    on_gpu = _on_gpu(slots[0].cfg)
+    if wanted is not None:
+        _check_gpus_reach_the_runs(wanted, gpus, on_gpu, hints)
+    if side_by_side is None:  # a GPU asked for is honoured for one run too: its own process
+        side_by_side = on_gpu and (len(slots) > 1 or wanted is not None)
+    if not side_by_side or not todo:
+        return Prepared(slots)
+    if on_gpu:
+        plan = placement.plan([s.cfg for s in todo if s.resume_dir is None],
+                              [s.cfg for s in todo if s.resume_dir is not None], wanted)
+    else:
+        plan = placement.anywhere(len(todo))
+    return Prepared(slots, plan)
+
+
+def _check_gpus_reach_the_runs(wanted: list[str], gpus, on_gpu: bool, hints: Hints) -> None:
+    """Refuse GPUs asked for that the runs would not use: on a machine without a GPU (the runs
+    would train on the CPU), or for runs that go one after another in this process (not on
+    vLLM), which use the GPU torch sees first whatever was asked."""
+    import torch
+
+    from labkit.machine import placement
+
+    if gpus is None:
+        given, drop = f"{placement.ENV}={os.environ.get(placement.ENV)}", f"unset {placement.ENV}"
+    else:
+        given = hints.set("gpus", ",".join(wanted))
+        drop = "leave --gpus out" if hints.flags else "leave gpus out"
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{given}: this machine has no GPU torch can use, so the runs would train "
+                          f"on the CPU, one after another; {drop} (nothing was started)")
+    if not on_gpu:
+        raise ConfigError(f"{given}: these runs do not use vLLM on the GPU (--engine hf or "
+                          f"--rollout-mode http), so they go one after another in this process, "
+                          f"on the GPU torch sees first; choose it with CUDA_VISIBLE_DEVICES "
+                          f"instead and {drop} (nothing was started)")
+
+
+def _check_folders(slots: list[_Slot]) -> None:
+    """Refuse, before any run starts, an output folder no run could make its folder in."""
+    from labkit.run.log import check_new_run_folder
+
+    for key in dict.fromkeys(str(s.cfg.output_dir) for s in slots):
+        check_new_run_folder(next(s.cfg for s in slots if str(s.cfg.output_dir) == key))
+
+
 def _as_configs(configs) -> list[RunConfig]:
     """RunConfigs from a list of RunConfigs or dicts of RunConfig fields (ConfigError else)."""
     if isinstance(configs, (RunConfig, dict, str, bytes)):
@@ -209,7 +319,7 @@ def _as_configs(configs) -> list[RunConfig]:
 def _plan(slots: list[_Slot], resume: bool, hints: Hints) -> None:
     """Decide what each run does (start, continue its folder, or nothing: completed), and
     refuse in one line, before anything starts, the runs that cannot do what was asked."""
-    held = [s for s in slots if s.run() is not None] if not resume else []
+    held = [s for s in slots if file_there(s.dir / CONFIG)] if not resume else []
     if held:  # without resume, a folder that holds a run is never taken
         one = len(held) == 1
         folders = ", ".join(str(s.dir) for s in held)
@@ -235,7 +345,7 @@ def _plan_one(s: _Slot, hints: Hints) -> None:
     it holds this config (up to RESUMABLE and SHARED_GPU_FIELDS) with steps left."""
     from labkit.lifecycle import check_resumable
 
-    if s.run() is None:
+    if not file_there(s.dir / CONFIG):  # a config.json there that cannot be read is named
         return  # a new run (RunLog.create refuses a folder that holds one made meanwhile)
     try:
         saved = saved_config(s.dir)
@@ -279,28 +389,23 @@ def _checkpoint_after(run_dir: Path, step: int) -> bool:
     return found is not None and found[0] >= step
 
 
+# The fields labkit.session.load_inputs reads: configs that agree on them read the same inputs.
+INPUT_FIELDS = ("data", "synthetic_steps", "eval_split_size", "rm_type", "custom_rm_path", "model",
+                "use_liger_kernel", "gradient_checkpointing", "engine", "rollout_mode")
+
+
 def _check_inputs(configs: list[RunConfig]) -> None:
-    """What every run would refuse at its start, refused once before any starts: the data
-    (and its held-out split), the reward and the model, each distinct one read once."""
-    from labkit import data as datamod
-    from labkit.evaluation import held_out_problems
-    from labkit.models import resolve_model
-    from labkit.reward import load_reward
+    """What every run would refuse at its start, refused once before any starts, by the very
+    function each run reads them with (labkit.session.load_inputs): the data and its held-out
+    split, the reward, the model, and what the machine lacks; each distinct set read once."""
+    from labkit.session import load_inputs
 
     seen: set = set()
     for c in configs:
-        checks = [(("data", c.data, c.synthetic_steps),
-                   lambda c=c: datamod.load_problems(c.data, "train", seed=0,
-                                                     synthetic_steps=c.synthetic_steps)),
-                  (("eval", c.data, c.synthetic_steps, c.eval_split_size),
-                   lambda c=c: held_out_problems(c)),
-                  (("reward", c.rm_type, c.custom_rm_path),
-                   lambda c=c: load_reward(c.rm_type, c.custom_rm_path)),
-                  (("model", c.model), lambda c=c: resolve_model(c.model))]
-        for key, check in checks:
-            if key not in seen:
-                seen.add(key)
-                check()
+        key = tuple(str(getattr(c, name)) for name in INPUT_FIELDS)
+        if key not in seen:
+            seen.add(key)
+            load_inputs(c)
 
 
 # ----------------------------------------------------------------------------- stops
@@ -380,21 +485,14 @@ def _failure_words(e: BaseException) -> str:
 
 
 # ----------------------------------------------------------------------------- side by side
-def _side_by_side(slots: list[_Slot], stops: list[int], wanted: list[str] | None = None) -> None:
+def _side_by_side(slots: list[_Slot], stops: list[int], plan) -> None:
     """A process per run, each on the GPU the plan gives it (labkit.machine.placement: checked
-    against the GPUs' free memory before any starts); wait, forwarding a stop."""
-    from labkit.machine import placement
-
+    against the GPUs' free memory before any starts, prepare_sweep); wait, forwarding a stop."""
     todo = [s for s in slots if s.outcome != "completed"]
     if not todo:
         return
     for s in todo:  # a bar of its own would only fill its log
         s.cfg = s.cfg.replace(progress=False)
-    if _on_gpu(todo[0].cfg):
-        plan = placement.plan([s.cfg for s in todo if s.resume_dir is None],
-                              [s.cfg for s in todo if s.resume_dir is not None], wanted)
-    else:
-        plan = placement.anywhere(len(todo))
     _wait(todo, plan, stops)
 
 
@@ -467,7 +565,8 @@ def _wait(todo: list[_Slot], plan, stops: list[int]) -> None:
     run's progress until all have ended. A stop starts no further run and goes to each
     running one once (the second interrupts their steps, the third kills them). Should the
     wait itself fail, the runs are stopped after their step, not left running unseen."""
-    waiting = list(todo)
+    order = longest_first([s.cfg for s in todo]) if plan.shape is not None else range(len(todo))
+    waiting = [todo[k] for k in order]
     board = _Board(todo, plan.several)
     forwarded = 0
     try:
@@ -498,16 +597,18 @@ def _wait(todo: list[_Slot], plan, stops: list[int]) -> None:
 
 
 def _start_seated(waiting: list[_Slot], todo: list[_Slot], plan) -> None:
-    """Start waiting runs, in order, while the plan has a free seat for one."""
-    from collections import Counter
-
-    while waiting:
-        gpu = plan.seat(Counter(s.gpu for s in todo if _running(s)))
-        if gpu is None:
-            return
-        s = waiting.pop(0)
-        if s.resume_dir is None:
-            s.cfg = plan.settings(s.cfg, gpu)
+    """Start waiting runs, in order, where the plan has a seat and room for each (Plan.place:
+    a later, smaller run may start where an earlier one does not fit yet)."""
+    for s in list(waiting):
+        running = [(r.gpu, r.cfg) for r in todo if _running(r)]
+        placed = plan.place(s.cfg, running, resumed=s.resume_dir is not None)
+        if placed is None:
+            if not running:  # the plan checked that each run fits alone: never here, but say it
+                waiting.remove(s)
+                s.fail("it does not fit in the GPU's free memory, even alone")
+            continue
+        waiting.remove(s)
+        gpu, s.cfg = placed
         s.gpu = gpu.id
         try:
             s.proc = _start(s, s.resume_dir, gpu.id)

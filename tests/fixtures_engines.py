@@ -62,6 +62,7 @@ class Served(HFEngine):
 def served(monkeypatch):
     """Runs get Served engines (made through labkit.session, so they can be kept); returns
     the list of engines made."""
+    import labkit.engines
     import labkit.session
 
     made = []
@@ -72,4 +73,5 @@ def served(monkeypatch):
 
     monkeypatch.setattr(labkit.session, "make_engine", make)
     monkeypatch.setattr(labkit.session, "resolve_engine", lambda cfg: "vllm")
+    monkeypatch.setattr(labkit.engines, "vllm_installed", lambda: True)  # it stands for one
     return made

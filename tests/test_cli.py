@@ -155,7 +155,8 @@ def test_a_launch_ends_with_the_reward_at_the_start_and_the_end_and_its_plot(tmp
     assert (out / "tiny" / "reward.png").stat().st_size > 0
 
 
-def test_vllm_only_flags_on_the_hf_engine_are_said_to_be_ignored(capsys):
+def test_vllm_only_flags_on_the_hf_engine_are_said_to_be_ignored(capsys, monkeypatch):
+    import labkit.engines
     from labkit.cli import main
 
     assert main(["launch", "--preset", "cpu", "--dry-run", "--rollout-kv-cache-gb", "8",
@@ -165,7 +166,9 @@ def test_vllm_only_flags_on_the_hf_engine_are_said_to_be_ignored(capsys):
                    "vLLM in the trainer's process; the hf engine this run uses ignores them")
     assert main(["launch", "--preset", "cpu", "--dry-run"]) == 0
     assert capsys.readouterr().err == ""
-    assert main(["launch", "--dry-run", "--engine", "vllm", "--rollout-kv-cache-gb", "8"]) == 0
+    monkeypatch.setattr(labkit.engines, "vllm_installed", lambda: True)  # the dry run asks, as the run
+    assert main(["launch", "--preset", "cpu", "--dry-run", "--engine", "vllm",
+                 "--rollout-kv-cache-gb", "8"]) == 0
     assert capsys.readouterr().err == ""
 
 
@@ -352,3 +355,237 @@ def test_a_run_that_stopped_before_its_first_step_names_no_log_it_lacks(tmp_path
     said = capsys.readouterr().out
     assert not (out / "tiny" / "metrics.jsonl").exists() and "run log:" not in said
     assert f"run folder: {out / 'tiny'} (no step finished" in said
+
+
+# ----------------------------------------------------------------------------- the sweep's words
+NO_VALUE = ["--use-liger-kernel", "--no-use-liger-kernel", "--gradient-checkpointing", "--no-progress",
+            "--share-prompt", "--no-use-dynamic-batch-size", "--rollout-seed-each-answer"]
+
+
+@pytest.mark.parametrize("flag", NO_VALUE)
+def test_a_flag_that_takes_no_value_never_takes_the_next_list_in_any_order(
+        tmp_path, tiny_model_dir, monkeypatch, flag):
+    """A boolean flag (of a field that may be auto, or not) before a list of ints, floats or
+    choices: every order gives the same eight runs, each with the flag."""
+    import labkit.sweep
+
+    started = []
+    monkeypatch.setattr(labkit.sweep, "run_sweep", lambda configs, **kw: started.append(configs) or [])
+    items = [[flag], ["--seed", "1,2"], ["--lr", "1e-3,2e-3"], ["--loss-agg-mode", "token-mean,seq-mean"]]
+    orders = [items[k:] + items[:k] for k in range(len(items))]
+    orders += [order[::-1] for order in orders]
+    field = flag.removeprefix("--").removeprefix("no-").replace("-", "_")
+    for order in orders:
+        words = [w for item in order for w in item]
+        started.clear()
+        assert main(["sweep", *tiny_flags(tiny_model_dir, tmp_path / "runs"), *words]) == 0, words
+        (configs,) = started
+        assert {(c.seed, c.lr, c.loss_agg_mode) for c in configs} == {
+            (s, lr, mode) for s in (1, 2) for lr in (1e-3, 2e-3) for mode in ("token-mean", "seq-mean")}
+        assert {getattr(c, field) for c in configs} == {not flag.startswith("--no-")}, words
+
+
+def test_the_sweeps_own_flags_and_two_booleans_in_a_row_leave_the_lists_whole(
+        tmp_path, tiny_model_dir, monkeypatch):
+    import labkit.sweep
+
+    started = []
+    monkeypatch.setattr(labkit.sweep, "run_sweep", lambda configs, **kw: started.append(configs) or [])
+    words = ["--gradient-checkpointing", "--use-liger-kernel", "--seed", "1,2", "--resume",
+             "--no-progress", "--save-interval", "-1,1", "--share-prompt", "--lr=1e-3,2e-3"]
+    assert main(["sweep", *tiny_flags(tiny_model_dir, tmp_path / "runs"), *words]) == 0
+    (configs,) = started
+    assert {(c.seed, c.save_interval, c.lr) for c in configs} == {
+        (s, k, lr) for s in (1, 2) for k in (-1, 1) for lr in (1e-3, 2e-3)}
+    assert all(c.gradient_checkpointing and c.use_liger_kernel and c.share_prompt
+               and not c.progress for c in configs)
+
+
+@pytest.mark.parametrize("listed, alone", [
+    (["--n-samples-per-prompt", "0,4"], ["--n-samples-per-prompt", "0"]),
+    (["--n-samples-per-prompt", "4,-2"], ["--n-samples-per-prompt", "-2"]),
+    (["--rollout-batch-size", "0,2"], ["--rollout-batch-size", "0"]),
+    (["--n-samples-per-prompt", "1,4"], ["--n-samples-per-prompt", "1"]),
+])
+def test_a_sweep_names_a_listed_value_that_cannot_run_as_launch_names_it(
+        tmp_path, tiny_model_dir, capsys, listed, alone):
+    """The global batch a sweep derives (prompts x answers) from a value that cannot run is
+    not the cause: the value is, in launch's words."""
+    flags = tiny_flags(tiny_model_dir, tmp_path / "runs")
+    i = flags.index("--global-batch-size")
+    del flags[i:i + 2]
+    flags += ["--micro-batch-size", "2"]
+    assert main(["launch", *flags, *alone]) == 2
+    launch_err = capsys.readouterr().err.strip()
+    assert main(["sweep", *flags, *listed]) == 2
+    sweep_err = capsys.readouterr().err.strip()
+    assert sweep_err == launch_err.replace("labkit launch: ", "labkit sweep: ", 1)
+    assert alone[0] in sweep_err and "--micro-batch-size" not in sweep_err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_micro_batch_larger_than_the_derived_global_batch_says_where_that_came_from(
+        tmp_path, tiny_model_dir, capsys):
+    flags = tiny_flags(tiny_model_dir, tmp_path / "runs")
+    i = flags.index("--global-batch-size")
+    del flags[i:i + 2]
+    assert main(["sweep", *flags, "--micro-batch-size", "16", "--n-samples-per-prompt", "2,4"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "labkit sweep: --micro-batch-size 16 is larger than --global-batch-size 4; use "
+        "--micro-batch-size 4 or less (the sweep's --global-batch-size, where it is not given, is "
+        "--rollout-batch-size 2 x --n-samples-per-prompt 2)")
+
+
+# ----------------------------------------------------------------------------- dry run against run
+def _file_in_the_way(tmp):
+    (tmp / "a-file").write_text("not a folder")
+    return ["--output-dir", str(tmp / "a-file" / "runs")]
+
+
+def _a_run_there(tmp):
+    (tmp / "runs" / "tiny").mkdir(parents=True)
+    (tmp / "runs" / "tiny" / "config.json").write_text("{}")
+    return []
+
+
+REFUSED_ALIKE = {  # what a run refuses on a machine without a GPU: (command and flags, env, setup)
+    "sweep --gpus 7": (["sweep", "--seed", "1,2", "--gpus", "7"], {}, None),
+    "sweep --gpus a": (["sweep", "--seed", "1,2", "--gpus", "a"], {}, None),
+    "sweep --gpus ''": (["sweep", "--seed", "1,2", "--gpus", ""], {}, None),
+    "LABKIT_GPUS=-1": (["sweep", "--seed", "1,2"], {"LABKIT_GPUS": "-1"}, None),
+    "LABKIT_GPUS=0": (["sweep", "--seed", "1,2"], {"LABKIT_GPUS": "0"}, None),
+    "one run, --gpus 0": (["sweep", "--gpus", "0"], {}, None),
+    "launch --use-liger-kernel": (["launch", "--use-liger-kernel"], {}, None),
+    "sweep --use-liger-kernel": (["sweep", "--use-liger-kernel", "--seed", "1,2"], {}, None),
+    "launch --engine vllm": (["launch", "--engine", "vllm"], {}, None),
+    "sweep --engine vllm": (["sweep", "--seed", "1,2", "--engine", "vllm"], {}, None),
+    "launch, a file in --output-dir": (["launch"], {}, _file_in_the_way),
+    "sweep, a file in --output-dir": (["sweep", "--seed", "1,2"], {}, _file_in_the_way),
+    "launch, a run there": (["launch"], {}, _a_run_there),
+    "launch --data nowhere": (["launch", "--data", "NOWHERE"], {}, None),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED_ALIKE))
+def test_a_dry_run_refuses_exactly_what_the_run_refuses(case, tmp_path, tiny_model_dir, capsys,
+                                                        monkeypatch):
+    """Each case is refused by the run before it starts, in one line; its --dry-run is refused
+    in the same line (before, the dry run passed these, and a sweep trained on the CPU with
+    --gpus 7 given)."""
+    import torch
+
+    import labkit.engines
+
+    if torch.cuda.is_available():
+        pytest.skip("these are a machine without a GPU's refusals")
+    monkeypatch.setattr(labkit.engines, "vllm_installed", lambda: False, raising=False)
+    words, env, setup = REFUSED_ALIKE[case]
+    command, extra = words[0], [str(tmp_path / "nowhere") if w == "NOWHERE" else w for w in words[1:]]
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    flags = tiny_flags(tiny_model_dir, tmp_path / "runs")
+    extra += setup(tmp_path) if setup else []
+    for i in range(0, len(extra) - 1):  # a value given here replaces tiny_flags' own
+        if extra[i] in flags and extra[i].startswith("--") and not extra[i + 1].startswith("--"):
+            flags[flags.index(extra[i]) + 1] = extra[i + 1]
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    said = []
+    for dry in ([], ["--dry-run"]):
+        code = main([command, *flags, *extra, *dry])
+        err = capsys.readouterr().err.strip().splitlines()
+        said.append((code, err))
+        assert code == 2 and len(err) == 1, (dry, code, err)
+    assert said[0] == said[1]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing made
+
+
+def test_a_dry_run_of_a_resume_starts_nothing_and_refuses_what_the_resume_refuses(
+        tmp_path, tiny_model_dir, capsys):
+    out = tmp_path / "runs"
+    flags = tiny_flags(tiny_model_dir, out) + ["--save-interval", "1"]
+    assert main(["launch", *flags]) == 0
+    run = out / "tiny"
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert main(["launch", "--resume", str(run), "--num-rollout", "3", "--dry-run"]) == 0
+    said = capsys.readouterr().out
+    assert f"resume: {run} would go on after step 1 (its checkpoint) to step 2; nothing started" in said
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before  # not trained
+    for dry in ([], ["--dry-run"]):  # nothing left to run: both refuse, in the same line
+        assert main(["launch", "--resume", str(run), *dry]) == 2
+        assert "nothing to run, the checkpoint is after step 1" in capsys.readouterr().err
+    assert main(["launch", "--resume", str(run), "--seed", "8", "--dry-run"]) == 2
+    assert "the config does not match the run folder" in capsys.readouterr().err
+    from labkit.run.log import RunLog
+
+    holder = RunLog.open(run)  # a trainer holds the folder
+    try:
+        said = []
+        for dry in ([], ["--dry-run"]):
+            assert main(["launch", "--resume", str(run), "--num-rollout", "3", *dry]) == 2
+            said.append(capsys.readouterr().err.strip())
+        assert said[0] == said[1] and "is in use by another trainer" in said[0], said
+    finally:
+        holder.release()
+
+
+# ----------------------------------------------------------------------------- files a command reads
+def _lesson(cells: int = 3) -> str:
+    """A made-up lesson notebook, as Jupyter writes it."""
+    return json.dumps({"cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}",
+                                  "metadata": {}, "outputs": [], "source": [f"x{i} = {i}\n"]}
+                                 for i in range(cells)],
+                       "metadata": {}, "nbformat": 4, "nbformat_minor": 5}, indent=1)
+
+
+@pytest.mark.parametrize("damage, said", [
+    (lambda text: text[:len(text) // 2], r"not a notebook, damaged at line \d+, column \d+ \("),
+    (lambda text: text.replace('"x1 = 1', '"x1 = 1\x00\\'), r"not a notebook, damaged at line 2\d, column"),
+    (lambda text: "[1, 2]", r"not a notebook \(no list of cells in it\)"),
+    (lambda text: json.dumps({**json.loads(text), "cells": [{"source": ["x = 1\n"]}]}),
+     r"not a notebook as Jupyter writes it \(KeyError: 'cell_type'\)"),
+])
+def test_students_names_the_damaged_source_notebook_and_leaves_the_copies(tmp_path, capsys, damage,
+                                                                          said):
+    import re
+
+    src = tmp_path / "notebooks"
+    src.mkdir()
+    (src / "01_good.ipynb").write_text(_lesson())
+    (src / "02_damaged.ipynb").write_text(_lesson())
+    assert main(["students", str(src)]) == 0
+    copies = {p.name: p.read_bytes() for p in (src / "students").iterdir()}
+    (src / "02_damaged.ipynb").write_text(damage(_lesson()))
+    capsys.readouterr()
+    assert main(["students", str(src)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"labkit students: {src / '02_damaged.ipynb'}: "), err
+    assert re.search(said, err), err
+    assert {p.name: p.read_bytes() for p in (src / "students").iterdir()} == copies
+
+
+def test_a_disk_that_fills_before_the_reward_plot_is_one_line_naming_it(tmp_path, tiny_model_dir,
+                                                                         capsys, monkeypatch):
+    """The run's files are all written (status.json: completed); the plot after it finds the
+    disk full: one line names the plot and the status, nothing half written stays, and the
+    command exits as the run ended (it completed)."""
+    import errno
+
+    from matplotlib.figure import Figure
+
+    def no_room(self, fname, *a, **k):  # what matplotlib raises when the disk is full
+        with open(fname, "wb") as f:
+            f.write(b"\x89PNG half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", no_room)
+    out = tmp_path / "runs"
+    assert main(["launch", *tiny_flags(tiny_model_dir, out)]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("labkit")]
+    run = out / "tiny"
+    assert len(err) == 1 and err[0].startswith(
+        f"labkit: could not write the reward plot {run / 'reward.png'} (and .svg): the disk is full ("), err
+    assert err[0].endswith(f"free some space; the run itself is written whole (its status: "
+                           f"{run / 'status.json'})"), err
+    assert json.loads((run / "status.json").read_text())["reason"] == "completed"
+    assert not (run / "reward.png").exists() and not (run / "reward.svg").exists()

@@ -3,8 +3,11 @@ said, anything else is refused in one line naming the file; nothing already writ
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -137,3 +140,116 @@ def test_an_unreadable_evaluation_line_is_kept_and_the_run_goes_on(run_copy, cap
     lines = (run_copy / "eval.jsonl").read_bytes().splitlines()
     assert lines[0] == b"\xff\xfe\x00" and lines[1:3] == good.splitlines()
     assert [json.loads(x)["eval/trained_steps"] for x in lines[1:]] == [0, 2, 3]
+
+
+# ----------------------------------------------------------------------------- a step logged twice
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_a_step_logged_twice_is_said_at_resume_and_each_step_is_logged_once(run_copy, capsys, where):
+    """Step 0's line twice (a stray copy before the real one, or after the checkpoint's step):
+    the resume keeps the line the checkpoint (after step 1) follows, moves the other aside,
+    says so, and the log then holds each step once, as the analysis needs."""
+    path = run_copy / "metrics.jsonl"
+    lines = path.read_text().splitlines()  # steps 0 and 1; the checkpoint is after step 1
+    stray = json.dumps({**json.loads(lines[0]), "rollout/raw_reward": 0.987})
+    path.write_text("\n".join([stray, *lines] if where == "before" else [*lines, stray]) + "\n")
+    code, out, err = _resume(run_copy, capsys)
+    assert code == 0, err
+    line = 1 if where == "before" else 3
+    assert (f"labkit: {path} logged step(s) 0 more than once (line(s) {line}); kept one line per "
+            f"step, the ones the checkpoint after step 1 follows, and moved the other(s) to "
+            f"metrics.jsonl.duplicate") in out
+    kept = path.read_text().splitlines()
+    assert kept[:2] == lines and [json.loads(x)[STEP] for x in kept] == [0, 1, 2]
+    assert (run_copy / "metrics.jsonl.duplicate").read_text().splitlines() == [stray]  # not lost
+    from labkit.analysis import load_runs
+
+    assert load_runs([run_copy])[STEP].tolist() == [0, 1, 2]  # as labkit compare reads it
+
+
+# ----------------------------------------------------------------------------- files that are no file
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def _loop(path: Path) -> None:
+    _remove(path)
+    path.symlink_to(path.name)  # a link to itself
+
+
+def _dangling(path: Path) -> None:
+    _remove(path)
+    path.symlink_to(path.name + ".gone")
+
+
+def _folder(path: Path) -> None:
+    _remove(path)
+    path.mkdir()
+
+
+def _pipe(path: Path) -> None:
+    _remove(path)
+    os.mkfifo(path)  # a reader that opened it would wait forever
+
+
+@contextlib.contextmanager
+def _pipe_let_go_after_a_deadline(path: Path, deadline_s: float = 20.0):
+    """While the block runs: should it still run `deadline_s` after it began with `path` a
+    pipe (a reader opened it and waits), open the pipe's other end and close it, so that the
+    reader gets an end of file and the test fails instead of hanging. Yields a list that
+    holds True when that was needed."""
+    done, waited = threading.Event(), []
+
+    def let_go():
+        if not done.wait(deadline_s):
+            waited.append(True)
+            try:
+                with open(os.open(path, os.O_WRONLY | os.O_NONBLOCK), "wb"):
+                    pass
+            except OSError:  # no reader waits on it: nothing to let go
+                pass
+
+    watcher = threading.Thread(target=let_go, daemon=True)
+    if path.is_fifo():
+        watcher.start()
+    try:
+        yield waited
+    finally:
+        done.set()
+
+
+NO_FILE = {"loop": (_loop, "is a symbolic link that loops (it leads back to itself)"),
+           "dangling link": (_dangling, "which is not there"),
+           "folder": (_folder, "is not a file but a folder"),
+           "pipe": (_pipe, "is not a file but a named pipe")}
+READ_AT_RESUME = ["config.json", "status.json", "metrics.jsonl", "samples.jsonl", "eval.jsonl",
+                  "checkpoint/latest.json", "checkpoint/step-1.pt"]
+
+
+@pytest.mark.parametrize("name", READ_AT_RESUME)
+@pytest.mark.parametrize("kind", list(NO_FILE))
+def test_a_file_a_resume_reads_that_is_no_file_is_named_with_what_it_is(run_copy, capsys, name, kind):
+    """Each file a resume reads, made a link that loops or leads nowhere, a folder or a pipe:
+    one line names it and what it is (before, a config.json that loops read as "no
+    config.json"), and nothing in the folder changes."""
+    damage, said = NO_FILE[kind]
+    damage(run_copy / name)
+    before = {p.name: p.read_bytes() for p in run_copy.iterdir() if p.is_file()}
+    with _pipe_let_go_after_a_deadline(run_copy / name) as waited:
+        code, _, err = _resume(run_copy, capsys)
+    assert not waited, "the resume opened the pipe and waited on it"
+    assert code == 2, err
+    assert err.count("\n") == 0 and err.startswith(f"labkit launch: {run_copy / name} "), err
+    assert said in err and "did not expect" not in err and "no config.json" not in err, err
+    after = {p.name: p.read_bytes() for p in run_copy.iterdir() if p.is_file() and p.name != "lock"}
+    assert after == {k: v for k, v in before.items() if k != "lock"}
+
+
+def test_a_checkpoint_folder_that_loops_is_named_not_taken_for_none(run_copy, capsys):
+    _loop(run_copy / "checkpoint")
+    code, _, err = _resume(run_copy, capsys)
+    assert code == 2 and err.startswith(f"labkit launch: {run_copy / 'checkpoint'} is a symbolic "
+                                        f"link that loops"), err
+    assert "no checkpoint" not in err

@@ -189,20 +189,29 @@ def _listen(monkeypatch):
 QWEN05 = memory.ModelShape(params=494_032_768, vocab=151_936, layers=24, hidden=896)
 
 
-def test_runs_that_do_not_fit_are_refused_before_anything_starts(tiny_cfg, monkeypatch):
+def test_runs_that_do_not_fit_at_once_wait_and_one_that_never_fits_is_refused(tiny_cfg, monkeypatch,
+                                                                               capsys):
+    """One GPU with 60 GiB free: four runs at 16,384 tokens a pass fit two at once (checkpointed),
+    so two start and two wait (no refusal, as when the plan wanted all four at once); a run that
+    does not fit even alone (a plain update at 65,536 tokens) is refused in one line, nothing
+    started."""
     monkeypatch.setattr(sweep, "_on_gpu", lambda cfg: True)
     monkeypatch.setattr(memory, "gpu_count", lambda: 1)
     monkeypatch.setattr(memory, "gpu_free_gib", lambda index=0: 60.0)
     monkeypatch.setattr(memory.ModelShape, "of", classmethod(lambda cls, path: QWEN05))
     monkeypatch.setattr("labkit.models.resolve_model", lambda model: model)
+    cfgs = [tiny_cfg.replace(run_name=f"r{i}", max_tokens_per_gpu=16384) for i in range(4)]
+    plan = sweep.prepare_sweep(cfgs, side_by_side=True).plan
+    assert [g.seats for g in plan.gpus] == [2]
+    assert "4 runs: at most 2 at once, the others wait for a place" in capsys.readouterr().out
     started = []
     monkeypatch.setattr(sweep, "_start", lambda *a: started.append(a))
-    cfgs = [tiny_cfg.replace(run_name=f"r{i}", max_tokens_per_gpu=16384) for i in range(4)]
+    huge = [c.replace(max_tokens_per_gpu=65536, gradient_checkpointing=False) for c in cfgs]
     with pytest.raises(memory.GPUMemoryError) as e:
-        sweep.launch_many(cfgs)
+        sweep.launch_many(huge)
     message = str(e.value)
-    assert "\n" not in message and "4 runs need" in message and "nothing was started" in message
-    assert "60.0 GiB are free" in message and "run fewer at once" in message
+    assert "\n" not in message and message.startswith("one run needs ")
+    assert "60.0 GiB free" in message and "nothing was started" in message
     assert started == [] and not Path(tiny_cfg.output_dir).exists()
 
 
@@ -391,3 +400,38 @@ def test_the_board_redraws_a_bar_only_when_its_words_change():
     sweep._say_on(bar, "reward 0.250")
     assert said == ["waiting for a GPU", "reward 0.250"]
     bar.close()
+
+
+def test_after_a_second_stop_in_an_update_the_summary_advises_only_what_will_run(
+        tiny_cfg, monkeypatch, capsys):
+    """Two Ctrl-C in the first run's update of step 1: that run keeps no checkpoint (its
+    policy was ahead of its log), so a resume would refuse its folder, and with it the whole
+    sweep. The summary names that folder and the way on first; following it finishes both."""
+    from labkit import trainer
+
+    real = trainer.update_policy
+    once = Path(tiny_cfg.output_dir).parent / "stopped-once"
+
+    def update(s, rollout, adv, step):
+        if s.cfg.run_name == "first" and step == 1 and not once.exists():
+            once.write_text("")
+            os.kill(os.getpid(), signal.SIGINT)  # after its step, ...
+            os.kill(os.getpid(), signal.SIGINT)  # ... and now: interrupted inside the update
+        return real(s, rollout, adv, step)
+
+    monkeypatch.setattr(trainer, "update_policy", update)
+    cfgs = [tiny_cfg.replace(run_name=name, num_rollout=3) for name in ("first", "second")]
+    slots = sweep.run_sweep(cfgs)
+    assert [s.outcome for s in slots] == ["stopped", "not started"]
+    first = slots[0].dir
+    assert "--resume is refused" in slots[0].run().status["message"]
+    said = capsys.readouterr().out
+    assert (f"; {first} keeps no checkpoint to go on from (steps 0-0 are logged; its status.json "
+            f"says how it stopped), so a resume would refuse it: move it away to run it afresh, "
+            f"then launch_many(..., resume=True) continues them") in said, said
+    with pytest.raises(RunLogError, match="nothing was started"):  # as said: not as it is
+        sweep.launch_many(cfgs, resume=True)
+    first.rename(first.with_name("first-moved-away"))
+    runs = sweep.launch_many(cfgs, resume=True)
+    assert [(r.dir.name, _steps(r), r.status["reason"]) for r in runs] == [
+        ("first", [0, 1, 2], "completed"), ("second", [0, 1, 2], "completed")]

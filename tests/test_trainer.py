@@ -796,3 +796,75 @@ def test_the_stop_line_says_the_checkpoint_kept_its_size_and_how_to_resume(
 def test_a_completed_run_says_no_checkpoint(tiny_cfg, capsys):
     train(tiny_cfg)
     assert "checkpoint after step" not in capsys.readouterr().out
+
+
+FILL_AFTER_STEP_0 = """
+import os, sys
+import labkit.run.log as runlog
+from labkit.cli import main
+
+real_append = runlog.RunLog.append_step
+
+def append_then_fill(self, metrics):
+    real_append(self, metrics)
+    if metrics["rollout/step"] == 0:  # step 0 is logged: another program takes the rest of the disk
+        fd = os.open(os.path.join(self.dir.parent, "filler"), os.O_WRONLY | os.O_CREAT)
+        try:
+            while True:
+                os.write(fd, b"\\\\0" * 4096)
+        except OSError:
+            os.close(fd)
+
+runlog.RunLog.append_step = append_then_fill
+sys.exit(main(["launch", *sys.argv[1:]]))
+"""
+
+
+@pytest.mark.parametrize("save_interval", ["0", "1", "-1"])
+def test_a_real_disk_that_fills_right_after_step_0_is_logged_ends_in_one_line(tiny_cfg, tmp_path,
+                                                                              save_interval):
+    """On a 256 KiB file system filled up right after step 0's line: whichever write then
+    finds no room (a checkpoint, a later line, the reward plot after the run) is named in one
+    line, never a bare errno, and status.json is there."""
+    disk = tmp_path / "disk"
+    if not _small_disk_works(disk):
+        pytest.skip("cannot mount a small tmpfs here (unshare -rm needs user namespaces)")
+    cfg = tiny_cfg.replace(num_rollout=3, output_dir=str(disk), run_name="full")
+    script = tmp_path / "fill.py"
+    script.write_text(FILL_AFTER_STEP_0)
+    flags = " ".join(_flags(cfg)) + f" --save-interval {save_interval}"
+    out = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=256k tmpfs {disk} "
+                          f"&& {sys.executable} {script} {flags}; echo exit $?; "
+                          f"cat {disk}/full/status.json"],
+                         capture_output=True, text=True, timeout=600)
+    said = [line for line in out.stderr.splitlines() if line.startswith("labkit")]
+    assert len(said) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "Errno" not in said[0] and "check the paths" not in said[0], said
+    assert f"{disk}/full/" in said[0] and "the disk is full" in said[0], said
+    assert "status" in said[0], said
+    status = json.loads(out.stdout[out.stdout.index("{"):out.stdout.rindex("}") + 1])
+    assert status["last_step"] >= 0, status
+
+
+def test_a_checkpoint_folder_the_full_disk_refuses_is_said_as_a_checkpoint_not_written(
+        tmp_path, monkeypatch, tiny_model_dir):
+    """The first checkpoint of a run makes its folder: on a full disk that fails too, and is
+    said as the checkpoint it is (with how much room is left), not as a bare errno."""
+    import errno
+
+    import labkit.run.checkpoint as checkpoint
+    from labkit.models import load_policy
+
+    real = Path.mkdir
+
+    def mkdir(self, *a, **k):
+        if self.name == "checkpoint":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    policy = load_policy(str(tiny_model_dir), torch.float32, torch.device("cpu"))
+    optimizer = torch.optim.AdamW(policy.parameters())
+    with pytest.raises(checkpoint.CheckpointWriteFailed,
+                       match=r"could not write the checkpoint of step 0 to .*checkpoint: the disk is full"):
+        checkpoint.save_checkpoint(tmp_path, 0, policy, optimizer)

@@ -172,9 +172,36 @@ def student_texts(src_dir: Path) -> dict[str, str]:
     """{file name: students' copy as text} for every *.ipynb directly in src_dir."""
     out = {}
     for path in sorted(Path(src_dir).glob("*.ipynb")):
-        nb = json.loads(path.read_text(encoding="utf-8"))
-        out[path.name] = dumps(student_notebook(nb, source_name=path.name))
+        nb = _read_notebook(path)
+        try:
+            out[path.name] = dumps(student_notebook(nb, source_name=path.name))
+        except (KeyError, TypeError, AttributeError) as e:  # JSON, but not as Jupyter writes it
+            raise ValueError(f"{path}: not a notebook as Jupyter writes it ({e.__class__.__name__}: "
+                             f"{e}); fix it in Jupyter or restore it from version control; no "
+                             f"student copy was written") from None
     return out
+
+
+def _read_notebook(path: Path) -> dict:
+    """A source notebook as a dict; ValueError naming the file (and the line and column of
+    what is wrong in it) when it cannot be read as one. No copy is written before every
+    source has been read."""
+    try:
+        nb = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise ValueError(f"{path}: cannot be read ({e.strerror or e}); no student copy was "
+                         f"written") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a notebook (byte {e.start} is not UTF-8 text); restore it "
+                         f"from version control; no student copy was written") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not a notebook, damaged at line {e.lineno}, column {e.colno} "
+                         f"({e.msg}); repair it there or restore it from version control; no "
+                         f"student copy was written") from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise ValueError(f"{path}: not a notebook (no list of cells in it); restore it from "
+                         f"version control; no student copy was written")
+    return nb
 
 
 def write_students(src_dir: Path, out_dir: Path | None = None, *,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit.config import RunConfig
+from labkit.config import ConfigError, RunConfig
 from labkit.engines.base import Completion, Engine, Sampling
 from labkit.models import default_device, pick_dtype
 
@@ -20,6 +20,23 @@ def resolve_engine(cfg: RunConfig) -> str:
     import importlib.util
 
     return "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
+
+
+def vllm_installed() -> bool:
+    """Whether the vllm package is there to import (found, not imported: that takes seconds)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def check_engine(cfg: RunConfig) -> None:
+    """Refuse (ConfigError, one line) an engine this machine cannot start before anything
+    loads: --engine vllm where vLLM is not installed (the run found out only after loading the
+    policy, as an error it did not expect)."""
+    if cfg.rollout_mode == "colocate" and cfg.engine == "vllm" and not vllm_installed():
+        from labkit.engines.vllm import INSTALL_HELP
+
+        raise ConfigError(f"--engine vllm: {INSTALL_HELP}")
 
 
 # Flags only vLLM in the trainer's process reads: the transformers engine and the engines
@@ -73,5 +90,5 @@ def make_engine(cfg: RunConfig, path: str, policy, tokenizer) -> Engine:
     return HFEngine(policy, tokenizer)
 
 
-__all__ = ["Completion", "Engine", "Sampling", "ignored_engine_flags", "make_engine",
-           "resolve_engine"]
+__all__ = ["Completion", "Engine", "Sampling", "check_engine", "ignored_engine_flags",
+           "make_engine", "resolve_engine", "vllm_installed"]

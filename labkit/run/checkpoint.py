@@ -26,7 +26,14 @@ from pathlib import Path
 
 import torch
 
-from labkit.run.files import WriteFailed, disk_full, read_json, write_json_atomic
+from labkit.run.files import (
+    WriteFailed,
+    disk_full,
+    file_there,
+    folder_there,
+    read_json,
+    write_json_atomic,
+)
 from labkit.run.log import CHECKPOINT, RunLogError
 
 LATEST = "latest.json"
@@ -78,7 +85,6 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, *, keep: int = 1
     checkpoints of the default policy (AUTO). Raises CheckpointWriteFailed in plain words.
     """
     folder = Path(run_dir) / CHECKPOINT
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step-{step}.pt"
     tmp = folder / f".step-{step}.pt.tmp{os.getpid()}"
     state = {
@@ -88,6 +94,7 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, *, keep: int = 1
         "torch_rng": torch.get_rng_state(),
     }
     try:
+        folder.mkdir(parents=True, exist_ok=True)  # a full disk may refuse the folder too
         # Our own file, closed whatever happens: torch.save(state, path) keeps its file open
         # while its exception lives, so after a full disk the removed temporary file still
         # held the space, and the status written next found the disk full.
@@ -149,12 +156,10 @@ def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     checkpoint folder that is not one, or a pointer that cannot be read, is a RunLogError.
     """
     folder = Path(run_dir) / CHECKPOINT
-    if folder.exists() and not folder.is_dir():
-        raise RunLogError(f"{folder} is not a folder, so it holds no checkpoint; move it away "
-                          f"(a resume keeps its checkpoints there)")
+    there = folder_there(folder, "it holds no checkpoint (a resume keeps its checkpoints there)")
     pointer = folder / LATEST
-    files = _step_files(folder) if folder.is_dir() else []
-    if not pointer.exists():
+    files = _step_files(folder) if there else []
+    if not there or not file_there(pointer):
         if files:
             print(f"labkit: {pointer} is missing; using {files[-1].name}, the newest complete "
                   f"checkpoint", flush=True)
@@ -166,7 +171,7 @@ def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
         raise RunLogError(f"{pointer} is damaged (no step number and file name of the "
                           f"checkpoint in it); remove it, and the newest step-N.pt is used")
     path = folder / name
-    if not path.exists():
+    if not file_there(path):
         if files:
             print(f"labkit: {pointer} names {path.name}, which is missing; using "
                   f"{files[-1].name}", flush=True)
@@ -219,6 +224,8 @@ def sweep_temp_files(run_dir: Path) -> tuple[int, int]:
 def load_checkpoint(path: Path, model, optimizer) -> int:
     """Load a checkpoint into `model` and `optimizer`; return its step. A file that is not a
     checkpoint of this run's model is a RunLogError naming it."""
+    if not file_there(path):
+        raise RunLogError(f"{path}: the checkpoint is not there; resume again, or start a new run")
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # a truncated or foreign file

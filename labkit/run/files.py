@@ -6,7 +6,9 @@ an fsync, and a write that fails (a full disk) is cut back, so no half line stay
 raised as `WriteFailed`, in words: the file, and whether the disk is full. Reading back, a
 line that is not a JSON object (cut short, not UTF-8, a list) is counted, never raised, and
 a JSON file that is not one object is a RunLogError naming it (labkit.run.log decides what a
-resume makes of each).
+resume makes of each). Every reader asks `file_there` first: a file that is not there reads
+as missing, and one that is there but cannot be read (a link that loops, a folder in its
+place, no permission) is a RunLogError saying which and what, never "missing".
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -54,12 +57,73 @@ def write_failed(path: Path, e: OSError) -> WriteFailed:
 
 
 # ----------------------------------------------------------------------------- reading
+def file_there(path: Path) -> bool:
+    """Whether a file of the run folder is there: True for a regular file (or a link to one),
+    False when nothing is at `path`. Anything else is a RunLogError that names the file and
+    says what is wrong with it (a link that loops or leads nowhere, a folder or a pipe where
+    the file should be, a folder on its way that cannot be entered), so that no reader takes
+    a damaged file for a missing one ("no config.json" for a link that loops)."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise RunLogError(f"{path} is a link to {os.readlink(path)}, which is not there; "
+                              f"restore what it points to, or remove the link") from None
+        return False
+    except OSError as e:
+        raise RunLogError(cannot_read(path, e)) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise RunLogError(f"{path} is not a file but a folder; move it away")
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a named pipe" if stat.S_ISFIFO(st.st_mode) else "a socket"
+                if stat.S_ISSOCK(st.st_mode) else "a device")
+        raise RunLogError(f"{path} is not a file but {kind}; move it away")
+    return True
+
+
+def folder_there(path: Path, use: str = "") -> bool:
+    """Whether a folder of the run is there: True for a folder (or a link to one), False when
+    nothing is at `path`; a RunLogError naming it for anything else (a file, a link that
+    loops or leads nowhere). `use`: what the folder is for, said with a file in its place."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise RunLogError(f"{path} is a link to {os.readlink(path)}, which is not there; "
+                              f"restore what it points to, or remove the link") from None
+        return False
+    except OSError as e:
+        raise RunLogError(cannot_read(path, e)) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise RunLogError(f"{path} is not a folder{', so ' + use if use else ''}; move it away")
+    return True
+
+
+def cannot_read(path: Path, e: OSError) -> str:
+    """Why `path` cannot be read, in words that name it and the fix (for a RunLogError)."""
+    path = Path(path)
+    if e.errno == errno.ELOOP:
+        where = "is a symbolic link" if path.is_symlink() else "lies behind a symbolic link"
+        return (f"{path} {where} that loops (it leads back to itself); remove the link, or "
+                f"point it at the file")
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return (f"{path} cannot be read (permission denied); give yourself read access to it "
+                f"and its folder (chmod u+r), or run as its owner")
+    if e.errno == errno.ENOTDIR:
+        return f"{path} cannot be read: a part of its path is a file, not a folder"
+    if e.errno == errno.EISDIR:
+        return f"{path} is not a file but a folder; move it away"
+    return f"{path} cannot be read ({e.strerror or e})"
+
+
 def read_json(path: Path, what: str) -> dict:
     """A JSON object from `path`; RunLogError naming the file when it is not one (`what`
     says what it should hold, for the message)."""
     path = Path(path)
     try:
-        obj = json.loads(path.read_bytes().decode("utf-8"))
+        obj = json.loads(read_bytes(path).decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise RunLogError(f"{path} cannot be read as {what} (not JSON: {one_line(e)}); restore "
                           f"it or remove it") from e
@@ -78,10 +142,10 @@ def read_jsonl(path: Path, *, strict_tail: bool = False) -> tuple[list[dict], in
     `strict_tail` is set: then it is refused.
     """
     path = Path(path)
-    if not path.exists():
+    if not file_there(path):
         return [], 0
     rows, bad = [], 0
-    lines = path.read_bytes().decode("utf-8").split("\n")
+    lines = read_bytes(path).decode("utf-8").split("\n")
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -102,7 +166,7 @@ def readable_rows(path: Path) -> list[dict]:
     """The lines of a JSONL file that are JSON objects; any other (cut short, not UTF-8) is
     left out. [] when there is no file."""
     path = Path(path)
-    if not path.is_file():
+    if not file_there(path):
         return []
     return [row for row in map(json_row, read_bytes(path).split(b"\n")) if row is not None]
 
@@ -123,11 +187,15 @@ def is_step_line(line: bytes) -> bool:
 
 
 def read_bytes(path: Path) -> bytes:
-    """The file's bytes; RunLogError naming it when it cannot be read."""
+    """The file's bytes; RunLogError naming it, and what is wrong, when it cannot be read
+    (file_there, cannot_read)."""
+    path = Path(path)
+    if not file_there(path):
+        raise RunLogError(f"{path} is not there (no such file)")
     try:
-        return Path(path).read_bytes()
+        return path.read_bytes()
     except OSError as e:
-        raise RunLogError(f"{path} cannot be read ({e.strerror or e})") from e
+        raise RunLogError(cannot_read(path, e)) from e
 
 
 # ----------------------------------------------------------------------------- writing

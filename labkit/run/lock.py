@@ -30,13 +30,8 @@ class RunLock:
         for _ in range(5):
             f = open(path, "a+")
             if not _try_flock(f):
-                owner = _read_lock(path)
                 f.close()
-                folder = path.parent
-                raise RunLogError(
-                    f"{folder} is in use by another trainer (pid {owner.get('pid', '?')} on "
-                    f"{owner.get('host', '?')}, {path}); wait for it to stop or stop it, then "
-                    f"--resume {folder}")
+                raise RunLogError(_in_use(path))
             if _same_file(f, path):  # not a file a releasing holder unlinked meanwhile
                 break
             f.close()
@@ -53,6 +48,17 @@ class RunLock:
         f.flush()
         return cls(path, f)
 
+    @staticmethod
+    def refuse_if_held(path: Path) -> None:
+        """RunLogError, in acquire's words, when a live trainer holds the lock at `path`;
+        takes nothing and makes nothing (a dry run asks)."""
+        path = Path(path)
+        if not path.is_file():
+            return
+        with open(path) as f:  # closing it drops the lock this took, if it took one
+            if not _try_flock(f):
+                raise RunLogError(_in_use(path))
+
     def moved_to(self, path: Path) -> None:
         """The lock file was renamed with its folder (a new run folder put in place): the
         kernel's lock stays on the file, and release() now removes it at `path`."""
@@ -65,6 +71,14 @@ class RunLock:
         self.path.unlink(missing_ok=True)
         self._file.close()
         self._file = None
+
+
+def _in_use(path: Path) -> str:
+    """The refusal of a second trainer: who holds the folder, and the way on."""
+    owner, folder = _read_lock(path), path.parent
+    return (f"{folder} is in use by another trainer (pid {owner.get('pid', '?')} on "
+            f"{owner.get('host', '?')}, {path}); wait for it to stop or stop it, then "
+            f"--resume {folder}")
 
 
 def _try_flock(f) -> bool:

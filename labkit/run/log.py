@@ -11,6 +11,7 @@ Layout of a run folder::
     samples.jsonl    a few completions per step: prompt id (split/index), label, completion, reward
     heat.jsonl       one line per heat pause: start, end, seconds, peak_c, step
     eval.jsonl       one line per held-out evaluation (before the first step, after the last)
+    eval_outcomes.jsonl  each evaluation problem by problem: right or not, the answer's length
     status.json      why the run stopped: completed, time_limit, signal, error (with the last step)
     checkpoint/      policy, optimizer and RNG state after a finished step (see labkit.run.checkpoint)
     lock             the pid of the trainer writing the folder, while it runs (one at a time)
@@ -18,7 +19,9 @@ Layout of a run folder::
 A resume reads what an earlier launch wrote, and a file there may be damaged: a line cut
 short by a kill (the last line, without its newline) is moved to `<file>.truncated` and said;
 anything else that cannot be read (a config that is not JSON, a step line in the middle that
-is not one) is refused in one line naming the file, and nothing is changed. A write that
+is not one, a file that is a link that loops or a folder: labkit.run.files.file_there) is
+refused in one line naming the file, and nothing is changed. A step logged twice keeps the
+line the checkpoint follows; the other goes to `<file>.duplicate`, said. A write that
 fails (a full disk) is `WriteFailed`, in words, with no half line left behind; a trainer keeps
 64 KiB of the disk in `.space-kept.tmp` while it holds the folder, given up for the status.
 
@@ -46,6 +49,9 @@ from labkit.errors import LabkitError, RunLogError, one_line
 from labkit.run.files import (  # noqa: F401 (named here too)
     WriteFailed,
     append_lines,
+    cannot_read,
+    file_there,
+    folder_there,
     is_step_line,
     json_row,
     read_bytes,
@@ -61,6 +67,7 @@ from labkit.run.files import (  # noqa: F401 (named here too)
 from labkit.run.files import user_umask as _umask
 from labkit.run.lock import RunLock
 from labkit.run.metrics import STEP
+from labkit.run.outcomes import OUTCOMES
 from labkit.run.version import __version__
 
 CONFIG = "config.json"
@@ -75,7 +82,8 @@ RESERVE = ".space-kept.tmp"  # disk space kept for the status while the run runs
 RESERVE_BYTES = 64 * 1024
 SET_ASIDE = ".after-checkpoint"  # suffix of the lines a resumed run redoes, kept for the record
 TRUNCATED = ".truncated"  # suffix of the lines a kill cut short, kept for the record
-APPENDED = (METRICS, SAMPLES, HEAT, EVAL, "client.jsonl")  # the files a run appends lines to
+DUPLICATE = ".duplicate"  # suffix of the lines of a step logged twice, kept for the record
+APPENDED = (METRICS, SAMPLES, HEAT, EVAL, OUTCOMES, "client.jsonl")  # the files a run appends lines to
 
 
 class RunLog:
@@ -150,7 +158,7 @@ class RunLog:
         line of metrics.jsonl that cannot be read is refused either way (RunLogError).
         """
         run_dir = Path(run_dir)
-        if not (run_dir / CONFIG).exists():
+        if not file_there(run_dir / CONFIG):
             raise RunLogError(f"{run_dir} is not a labkit run folder (no {CONFIG})")
         log = cls(run_dir)
         log.lock()
@@ -166,21 +174,44 @@ class RunLog:
             raise
         return log
 
+    @classmethod
+    def check(cls, run_dir: Path) -> RunLog:
+        """What open(run_dir, repair=True) would refuse, refused the same way, changing nothing
+        and taking no lock (a dry run): a file that cannot be read, a step line in the middle
+        of metrics.jsonl that is not one. What open repairs (a line cut short at the end, a
+        status that is not JSON) is not refused."""
+        run_dir = Path(run_dir)
+        if not file_there(run_dir / CONFIG):
+            raise RunLogError(f"{run_dir} is not a labkit run folder (no {CONFIG})")
+        log = cls(run_dir)
+        for name in (*APPENDED, STATUS, LOCK):
+            file_there(run_dir / name)
+        RunLock.refuse_if_held(run_dir / LOCK)  # a live trainer's folder is refused, as by open
+        log._check_steps(cut_tail_too=False)
+        return log
+
+    def _cut_tail(self, name: str) -> tuple[bytes, bytes] | None:
+        """(the lines before, the last line) when `name` ends in a line cut short (no newline,
+        or in metrics.jsonl not a step's JSON line), else None."""
+        path = self.dir / name
+        if not file_there(path):  # a folder or a pipe in its place is refused, naming it
+            return None
+        data = read_bytes(path)
+        if not data.strip():
+            return None
+        body, _, last = data.rstrip(b"\n").rpartition(b"\n")
+        if data.endswith(b"\n") and (name != METRICS or is_step_line(last)):  # complete
+            return None
+        return body, last
+
     def _repair_tail(self, name: str, repair: bool) -> None:
         """Move a last line without its newline (or, in metrics.jsonl, one that is not a
         step's JSON line) to `<name>.truncated`, saying so; refuse it when not `repair`."""
         path = self.dir / name
-        if path.exists() and not path.is_file():
-            raise RunLogError(f"{path} is not a file, so the run cannot write its lines there; "
-                              f"move it away")
-        if not path.is_file():
+        cut = self._cut_tail(name)
+        if cut is None:
             return
-        data = read_bytes(path)
-        if not data.strip():
-            return
-        body, _, last = data.rstrip(b"\n").rpartition(b"\n")
-        if data.endswith(b"\n") and (name != METRICS or is_step_line(last)):  # complete
-            return
+        body, last = cut
         if not repair:
             raise RunLogError(f"{path}: the last line is truncated (the run died while writing it)")
         print(f"labkit: {path} ended in a line cut short (the run died while writing it); "
@@ -192,13 +223,17 @@ class RunLog:
         except OSError as e:
             raise write_failed(path, e) from e
 
-    def _check_steps(self) -> None:
+    def _check_steps(self, cut_tail_too: bool = True) -> None:
         """Refuse a metrics.jsonl with a line that is not a step's JSON line (one that a kill
-        cut short at the end was moved aside already): the log is damaged, not cut."""
+        cut short at the end was moved aside already; `cut_tail_too=False`: or is still there,
+        to be moved): the log is damaged, not cut."""
         path = self.dir / METRICS
-        if not path.is_file():
+        if not file_there(path):
             return
-        for i, line in enumerate(read_bytes(path).split(b"\n"), 1):
+        lines = read_bytes(path).split(b"\n")
+        if not cut_tail_too and self._cut_tail(METRICS) is not None:
+            lines = lines[:max(i for i, x in enumerate(lines) if x.strip())]
+        for i, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             if not is_step_line(line):
@@ -210,7 +245,10 @@ class RunLog:
 
     def _earlier_status(self, repair: bool) -> dict | None:
         """The status of the launch before this one; one that cannot be read is moved to
-        status.json.damaged when `repair` (its history is lost, the run is not)."""
+        status.json.damaged when `repair` (its history is lost, the run is not). One that is
+        no file (a link that loops, a folder) is refused, naming it: it is not moved."""
+        if not file_there(self.dir / STATUS):
+            return None
         try:
             return self.status()
         except RunLogError:
@@ -224,8 +262,13 @@ class RunLog:
 
     # --- one writer at a time ---------------------------------------------------------
     def lock(self) -> None:
-        """Hold the folder's lock (labkit.run.lock); RunLogError when a live trainer holds it."""
-        self._lock = RunLock.acquire(self.dir / LOCK)
+        """Hold the folder's lock (labkit.run.lock); RunLogError when a live trainer holds it,
+        or when the lock file cannot be opened (naming it and why)."""
+        file_there(self.dir / LOCK)  # a folder, a pipe or a looping link there is named
+        try:
+            self._lock = RunLock.acquire(self.dir / LOCK)
+        except OSError as e:
+            raise RunLogError(f"{cannot_read(self.dir / LOCK, e)} (the run's lock file)") from e
 
     def release(self) -> None:
         """Give the folder's lock back, and the disk space kept for the status."""
@@ -275,12 +318,12 @@ class RunLog:
     def status(self) -> dict | None:
         """status.json, or None while the run runs (or when it died without one)."""
         p = self.dir / STATUS
-        return read_json(p, "a run's status") if p.exists() else None
+        return read_json(p, "a run's status") if file_there(p) else None
 
     def set_aside_steps_after(self, step: int) -> int:
         """Move the lines of steps after `step` (logged past the last checkpoint) aside, from
-        metrics, samples, heat and eval (an evaluation after step + 1 steps); return how many
-        steps.
+        metrics, samples, heat and eval and its outcomes (an evaluation after step + 1 steps);
+        return how many steps.
 
         They go to `<file>.after-checkpoint`, kept for the record, since the resumed run
         redoes those steps from the checkpoint: each step is logged once. A line that cannot
@@ -288,9 +331,10 @@ class RunLog:
         """
         moved = 0
         for name, key, last in ((METRICS, STEP, step), (SAMPLES, STEP, step), (HEAT, "step", step),
-                                (EVAL, "eval/trained_steps", step + 1)):
+                                (EVAL, "eval/trained_steps", step + 1),
+                                (OUTCOMES, "eval/trained_steps", step + 1)):
             path = self.dir / name
-            if not path.is_file():
+            if not file_there(path):
                 continue
             lines = [x for x in read_bytes(path).split(b"\n") if x.strip()]
             after = [_after(json_row(x), key, last) for x in lines]
@@ -306,6 +350,40 @@ class RunLog:
             if name == METRICS:
                 moved = sum(after)
         return moved
+
+    def keep_each_step_once(self, step: int) -> list[int]:
+        """Leave one line per step in metrics.jsonl up to `step` (the checkpoint's), once the
+        lines after it are set aside: the line of `step` the checkpoint was written after, and
+        before it the lines of the run that led there, each step's latest before the next.
+        A line of a step already kept (logged twice: a copy, an edit) goes to
+        `metrics.jsonl.duplicate`, kept for the record, and is said; returns those steps."""
+        path = self.dir / METRICS
+        if not file_there(path):
+            return []
+        lines = [x for x in read_bytes(path).split(b"\n") if x.strip()]
+        steps = [int(json_row(x)[STEP]) if is_step_line(x) else None for x in lines]
+        anchor = max((i for i, k in enumerate(steps) if k == step), default=len(lines) - 1)
+        keep, below = set(), None
+        for i in range(anchor, -1, -1):  # back from the checkpoint's step: each step once, in order
+            if steps[i] is None or below is None or steps[i] < below:
+                keep.add(i)
+                below = steps[i] if steps[i] is not None else below
+        aside = [i for i in range(len(lines)) if i not in keep and steps[i] is not None]
+        if not aside:
+            return []
+        twice = sorted({steps[i] for i in aside})
+        try:
+            with open(self.dir / (METRICS + DUPLICATE), "ab") as f:
+                f.write(b"".join(lines[i] + b"\n" for i in aside))
+            write_bytes_atomic(path, b"".join(x + b"\n" for i, x in enumerate(lines) if i not in aside))
+        except OSError as e:
+            raise write_failed(path, e) from e
+        shown = ", ".join(map(str, twice[:10])) + (", ..." if len(twice) > 10 else "")
+        print(f"labkit: {path} logged step(s) {shown} more than once (line(s) "
+              f"{', '.join(str(i + 1) for i in aside[:10])}); kept one line per step, the ones "
+              f"the checkpoint after step {step} follows, and moved the other(s) to "
+              f"{METRICS}{DUPLICATE}", flush=True)
+        return twice
 
     def evaluated(self) -> set[int]:
         """The steps after which an evaluation is in eval.jsonl (eval/trained_steps)."""
@@ -325,7 +403,11 @@ class RunLog:
     def append_heat(self, rows: Iterable[dict]) -> None:
         self._append(HEAT, list(rows))
 
-    def append_eval(self, row: dict) -> None:
+    def append_eval(self, row: dict, outcomes: dict | None = None) -> None:
+        """Append an evaluation's row to eval.jsonl, after its per-problem `outcomes` (a line
+        of eval_outcomes.jsonl: labkit.run.outcomes.outcome_row), when given."""
+        if outcomes is not None:
+            self._append(OUTCOMES, [outcomes])
         self._append(EVAL, [row])
 
     def add_to_config(self, **values) -> None:
@@ -395,7 +477,9 @@ def _after(row: dict | None, key: str, step: int) -> bool:
 
 
 def _refuse_existing_run(run_dir: Path) -> None:
-    if (run_dir / METRICS).exists() or (run_dir / CONFIG).exists():
+    if not os.path.isdir(run_dir):
+        return  # no folder, no run in it (making it says what is in the way)
+    if file_there(run_dir / METRICS) or file_there(run_dir / CONFIG):
         raise RunLogError(
             f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, "
             f"or choose another --output-dir / --run-name"
@@ -416,7 +500,7 @@ class Run:
 
     def __init__(self, run_dir: str | Path):
         self.dir = Path(run_dir)
-        if not (self.dir / CONFIG).exists():
+        if not file_there(self.dir / CONFIG):
             raise RunLogError(f"{self.dir} is not a labkit run folder (no {CONFIG})")
 
     @property
@@ -479,6 +563,22 @@ def config_mismatches(saved: RunConfig, given: RunConfig) -> list[str]:
     return out
 
 
+def check_new_run_folder(cfg: RunConfig) -> None:
+    """Refuse, making nothing, what open_run_folder refuses for a new run: a folder that holds
+    a run, or an --output-dir in which no run folder can be made (a file on its way, a folder
+    not writable). A dry run and a sweep check here before anything starts."""
+    run_dir = Path(cfg.output_dir) / (cfg.run_name or default_run_name(cfg))
+    _refuse_existing_run(run_dir)
+    there = run_dir
+    while not os.path.lexists(there) and there != there.parent:
+        there = there.parent  # the nearest that is there must take a folder (or be the folder)
+    why = ("Not a directory" if not os.path.isdir(there)
+           else "Permission denied" if not os.access(there, os.W_OK | os.X_OK) else None)
+    if why:
+        raise RunLogError(f"--output-dir {cfg.output_dir}: cannot create the run folder {run_dir} "
+                          f"({why}); choose a folder you can write to")
+
+
 def open_run_folder(cfg: RunConfig, resume: str | Path | None) -> tuple[Path, RunLog, int]:
     """Create the run folder, or open `resume` after checking its config matches `cfg`.
     Either way the returned RunLog holds the folder's lock (release it with log.release())."""
@@ -492,14 +592,23 @@ def open_run_folder(cfg: RunConfig, resume: str | Path | None) -> tuple[Path, Ru
                 f"({e.strerror or e}); choose a folder you can write to") from e
         return run_dir, log, 0
     run_dir = Path(resume)
-    if not run_dir.is_dir():
+    if not folder_there(run_dir, "it holds no run to resume"):
         raise RunLogError(f"--resume {run_dir}: no such folder; name a run folder, e.g. runs/<name>")
     log = RunLog.open(run_dir, repair=True)
+    try:
+        refuse_other_config(run_dir, cfg)
+    except BaseException:
+        log.release()
+        raise
+    return run_dir, log, log.last_step() + 1
+
+
+def refuse_other_config(run_dir: Path, cfg: RunConfig) -> None:
+    """RunLogError when `cfg` differs from the config `run_dir` was started with, outside
+    RESUMABLE (what --resume refuses)."""
     bad = config_mismatches(saved_config(run_dir), cfg)
     if bad:
-        log.release()
         raise RunLogError(
             f"--resume {run_dir}: the config does not match the run folder:\n  " + "\n  ".join(bad)
             + "\nresume with the folder's config (labkit launch --resume DIR and no other flags)"
         )
-    return run_dir, log, log.last_step() + 1

@@ -39,10 +39,16 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from contextvars import ContextVar
 
 import torch
 
 from labkit.run.metrics import STEP
+
+# How a stopped run continues, in the words of the call that launched it: a sweep sets its own
+# (`launch_many(..., resume=True)`) while its runs go one after another in this process, where
+# a notebook may hold no `cfg` or `run` to resume with; None: labkit.launch's words.
+RESUME_HOW: ContextVar[str | None] = ContextVar("labkit_resume_how", default=None)
 
 CLEAN_STOPS = ("completed", "signal", "time_limit", "requested")  # not a failure: no red bar
 NOTEBOOK_GAP_S = 2.0  # a notebook bar's least time between two redraws of its clock or counts,
@@ -181,9 +187,8 @@ class StepProgress:
         clean = reason in CLEAN_STOPS
         short = getattr(self.bar, "total", None) and getattr(self.bar, "n", 0) < self.bar.total
         if clean and short:
-            self.bar.set_postfix_str(f"stopped ({reason}) before step {self.step}; "
-                                     f"{'resume=run.dir' if in_notebook() else '--resume'} "
-                                     f"continues")
+            how = RESUME_HOW.get() or ("resume=run.dir" if in_notebook() else "--resume")
+            self.bar.set_postfix_str(f"stopped ({reason}) before step {self.step}; {how} continues")
         self.bar.close()
         if clean and short and is_notebook_bar(self.bar):
             self.bar.disp(bar_style="info", check_delay=False)
