@@ -175,7 +175,8 @@ def test_auto_on_a_slow_machine_is_none_and_says_the_flag(small, monkeypatch, ca
     run = train(small)
     assert config_of(run)["eval_split_size"] == 0 and eval_rows(run) == []
     out = capsys.readouterr().out
-    assert "labkit: no held-out evaluation: 16 greedy answers of up to 12 tokens would take over" in out
+    assert (f"labkit: no held-out evaluation: {ev.EVAL_BATCH} greedy answers of up to 12 tokens "
+            f"would take over") in out
     assert "--eval-split-size N evaluates N of them anyway" in out
     assert run.status["reason"] == "completed" and len(run.metrics) == 2
 

@@ -114,6 +114,22 @@ def _say(path: Path, text: str) -> None:
     path.with_suffix(".tmp").replace(path)
 
 
+def _sweep_beside(script, cfgs, let_go, **sweep_kwargs):
+    """run_sweep(cfgs) with `script` driving the runs beside it (_driven); fails the test
+    with the script's own failure, if any. Returns the sweep's slots."""
+    thread, failed = _driven(script, let_go)
+    slots = sweep.run_sweep(cfgs, **sweep_kwargs)
+    thread.join(timeout=60)
+    assert not failed, failed
+    return slots
+
+
+def _ended_all(tiny_cfg, cfgs):
+    """A let_go for _driven: end every run that has a folder."""
+    return lambda: [_end(tiny_cfg, c.run_name) for c in cfgs
+                    if (Path(c.output_dir) / c.run_name).exists()]
+
+
 def _driven(script, let_go):
     """Run `script` in a thread beside the sweep; should it fail (a deadline), note why and
     let every run go (`let_go`), so that the test fails rather than hangs."""
@@ -239,11 +255,7 @@ def test_runs_go_to_every_gpu_and_the_rest_wait_for_a_place(tiny_cfg, machine, f
         for name in ("r2", "r3", "r4", "r5"):
             _end(tiny_cfg, name)
 
-    thread, failed = _driven(script, lambda: [_end(tiny_cfg, c.run_name) for c in cfgs
-                                             if (Path(c.output_dir) / c.run_name).exists()])
-    slots = sweep.run_sweep(cfgs)
-    thread.join(timeout=60)
-    assert not failed, failed
+    slots = _sweep_beside(script, cfgs, _ended_all(tiny_cfg, cfgs))
     assert sorted((s["run"], s["gpu"], s["order"]) for s in seen["first"]) == [
         ("r0", "0", "PCI_BUS_ID"), ("r1", "1", "PCI_BUS_ID"),
         ("r2", "0", "PCI_BUS_ID"), ("r3", "1", "PCI_BUS_ID")]
@@ -273,10 +285,7 @@ def test_a_stop_starts_no_waiting_run_and_resume_goes_on_on_any_gpu(tiny_cfg, ma
         _wait_for_starts(fake_runs, 2)
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C on the sweep
 
-    thread, failed = _driven(stop, lambda: [_say(f / "end", "completed") for f in folders if f.exists()])
-    slots = sweep.run_sweep(cfgs)
-    thread.join(timeout=60)
-    assert not failed, failed
+    slots = _sweep_beside(stop, cfgs, lambda: [_say(f / "end", "completed") for f in folders if f.exists()])
     assert [(s.outcome, s.gpu) for s in slots] == [("stopped", "0"), ("stopped", "1"),
                                                    ("not started", None), ("not started", None)]
     assert sweep.sweep_exit_code(slots) == 130
@@ -289,10 +298,8 @@ def test_a_stop_starts_no_waiting_run_and_resume_goes_on_on_any_gpu(tiny_cfg, ma
         for start in _wait_for_starts(fake_runs, 6)[2:]:
             _end(tiny_cfg, start["run"])
 
-    thread, failed = _driven(finish, lambda: [_say(f / "end", "completed") for f in folders if f.exists()])
-    slots = sweep.run_sweep(cfgs, resume=True)
-    thread.join(timeout=60)
-    assert not failed, failed
+    slots = _sweep_beside(finish, cfgs, lambda: [_say(f / "end", "completed") for f in folders
+                                                 if f.exists()], resume=True)
     again = {s["run"]: (s["gpu"], s["resume"]) for s in _starts(fake_runs)[2:]}
     assert again == {"r0": ("1", str(folders[0])), "r1": ("1", str(folders[1])),
                      "r2": ("1", None), "r3": ("1", None)}
@@ -393,10 +400,6 @@ def test_the_sweep_starts_the_longest_runs_first(tiny_cfg, machine, monkeypatch,
         for name in ("n8-s11", "n4-s11"):
             _end(tiny_cfg, name)
 
-    thread, failed = _driven(script, lambda: [_end(tiny_cfg, c.run_name) for c in cfgs
-                                             if (Path(c.output_dir) / c.run_name).exists()])
-    slots = sweep.run_sweep(cfgs)
-    thread.join(timeout=60)
-    assert not failed, failed
+    slots = _sweep_beside(script, cfgs, _ended_all(tiny_cfg, cfgs))
     assert sorted(seen["first"]) == ["n16-s11", "n8-s11"] and seen["third"] == "n4-s11"
     assert [s.outcome for s in slots] == ["completed"] * 3

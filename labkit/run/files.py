@@ -64,15 +64,9 @@ def file_there(path: Path) -> bool:
     the file should be, a folder on its way that cannot be entered), so that no reader takes
     a damaged file for a missing one ("no config.json" for a link that loops)."""
     path = Path(path)
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        if path.is_symlink():
-            raise RunLogError(f"{path} is a link to {os.readlink(path)}, which is not there; "
-                              f"restore what it points to, or remove the link") from None
+    st = _stat(path)
+    if st is None:
         return False
-    except OSError as e:
-        raise RunLogError(cannot_read(path, e)) from None
     if stat.S_ISDIR(st.st_mode):
         raise RunLogError(f"{path} is not a file but a folder; move it away")
     if not stat.S_ISREG(st.st_mode):
@@ -87,18 +81,26 @@ def folder_there(path: Path, use: str = "") -> bool:
     nothing is at `path`; a RunLogError naming it for anything else (a file, a link that
     loops or leads nowhere). `use`: what the folder is for, said with a file in its place."""
     path = Path(path)
+    st = _stat(path)
+    if st is None:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        raise RunLogError(f"{path} is not a folder{', so ' + use if use else ''}; move it away")
+    return True
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    """What is at `path` (through links), None when nothing is; a RunLogError for a link that
+    leads nowhere or loops, or a path that cannot be looked at."""
     try:
-        st = path.stat()
+        return path.stat()
     except FileNotFoundError:
         if path.is_symlink():
             raise RunLogError(f"{path} is a link to {os.readlink(path)}, which is not there; "
                               f"restore what it points to, or remove the link") from None
-        return False
+        return None
     except OSError as e:
         raise RunLogError(cannot_read(path, e)) from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise RunLogError(f"{path} is not a folder{', so ' + use if use else ''}; move it away")
-    return True
 
 
 def cannot_read(path: Path, e: OSError) -> str:
