@@ -355,10 +355,12 @@ PRESETS: dict[str, dict] = {
     # (greedy, before the first step and after the last: ~30 s each on 2 idle cores).
     # 8 answers a prompt: with 4, one seed in six fell. The prompt (two worked examples) is
     # most of each row, so the update carries it once per group (share_prompt). Sampling at
-    # 0.7 and 16 steps: at 1.0 the held-out share right rose +0.120 and +0.000 on two seeds in
-    # 16 steps, at 0.7 +0.195 and +0.170 (lr 3e-5 at 1.0: +0.180 and -0.045; 5e-5 collapsed to
-    # one answer). BENCHMARKS.md, "The cpu preset judged on held-out problems", has the ten
-    # seeds it was then measured on, none of them tuned on.
+    # 0.7 and 16 steps: at 1.0 the held-out share right rose +0.120 and +0.000 on two seeds,
+    # at 0.7 +0.195 and +0.170 (lr 3e-5 at 1.0: +0.180 and -0.045; 5e-5 collapsed to one
+    # answer). On seeds not tuned on it rose +0.175 and +0.100 (11, 12) and fell -0.045 and
+    # -0.065 (13, and its own 1234: they learned to add whatever the verb says). 8 x 8 and
+    # 32 steps at lr 1e-5 rose on both falling seeds: BENCHMARKS.md, "The cpu preset judged
+    # on held-out problems"; not yet measured on ten seeds.
     "cpu": dict(
         model=EMBEDDED_MODEL, data="synthetic", synthetic_steps=0, prompt_examples=2,
         rm_type="math_format", engine="hf", rollout_batch_size=4, n_samples_per_prompt=8,

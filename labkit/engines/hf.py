@@ -255,10 +255,12 @@ class HFEngine(Engine):
         # would change the distribution we sample from and record.
         from transformers import GenerationConfig
 
+        # Greedy takes no sampling knobs (transformers warns about each one given).
+        sampling = {} if greedy else dict(temperature=1.0, top_p=1.0, top_k=0)
         return GenerationConfig(
-            do_sample=not greedy, temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0,
-            max_new_tokens=s.max_tokens, eos_token_id=list(s.stop_token_ids) or None,
-            pad_token_id=self.tokenizer.pad_token_id, use_cache=True,
+            do_sample=not greedy, repetition_penalty=1.0, max_new_tokens=s.max_tokens,
+            eos_token_id=list(s.stop_token_ids) or None,
+            pad_token_id=self.tokenizer.pad_token_id, use_cache=True, **sampling,
         )
 
     def _completion(self, row: torch.Tensor, logp: torch.Tensor | None, s: Sampling) -> Completion:
