@@ -16,6 +16,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from waiting import DEADLINE_S, Lines
 
 from labkit import reward
 from labkit.reward import (
@@ -631,10 +632,10 @@ def test_the_worker_leaves_when_its_parent_dies(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, cwd=tmp_path,
                               env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
-    pid = int(parent.stdout.readline())
+    pid = int(Lines(parent).until("")[-1])
     os.kill(pid, 0)  # running
     parent.kill()
-    parent.wait()
+    parent.wait(timeout=DEADLINE_S)
     deadline = time.monotonic() + 60
     while _alive(pid) and time.monotonic() < deadline:  # waits for the exit, not a set time
         time.sleep(0.05)

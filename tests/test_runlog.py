@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from waiting import DEADLINE_S, Lines
 
 from labkit.run.log import RunLog, RunLogError, write_text_atomic
 
@@ -41,12 +42,12 @@ def test_the_lock_of_a_live_trainer_refuses_and_a_dead_ones_is_taken_over(tmp_pa
          f"log = RunLog.open({str(run)!r}); print('held', flush=True); sys.stdin.read()"],  # holds it until killed
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ})
     try:
-        assert holder.stdout.readline().strip() == "held"
+        assert Lines(holder).until("held")[-1].strip() == "held"
         with pytest.raises(RunLogError, match=rf"in use by another trainer \(pid {holder.pid} "):
             RunLog.open(run)
     finally:
         holder.kill()
-        holder.wait()
+        holder.wait(timeout=DEADLINE_S)
     log = RunLog.open(run)  # the kernel dropped the dead process's lock
     assert f"pid {holder.pid} held this folder and is gone" in capsys.readouterr().out
     assert json.loads((run / "lock").read_text())["pid"] == os.getpid()

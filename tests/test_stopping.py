@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from waiting import Lines
+from waiting import DEADLINE_S, Lines
 
 from labkit.run.stopping import StopController
 
@@ -184,7 +184,7 @@ def test_install_off_the_main_thread_installs_nothing_and_says_so():
 
     t = threading.Thread(target=worker)
     t.start()
-    t.join()
+    t.join(timeout=DEADLINE_S)
     assert result == {"installed": False}
     assert len(notes) == 1 and "not in the main thread" in notes[0]
     assert signal.getsignal(signal.SIGTERM) is before

@@ -343,7 +343,7 @@ def test_a_side_by_side_run_that_ran_out_of_gpu_memory_is_said_so(tiny_cfg):
     log.write_status("error", 0, "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
     log.release()
     slot.proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
-    slot.proc.wait()
+    slot.proc.wait(timeout=DEADLINE_S)
     sweep._said_how_it_ended(slot)
     assert slot.outcome.startswith("failed: ran out of GPU memory: the memory plan let it start, "
                                    "which it should not have")
