@@ -28,6 +28,7 @@ from labkit.config import RunConfig
 from labkit.engines import keep
 from labkit.errors import LabkitError, one_line
 from labkit.evaluation import evaluation_due
+from labkit.machine import allocator
 from labkit.run.checkpoint import (
     CheckpointWriteFailed,
     SavePolicy,
@@ -245,6 +246,7 @@ def finish_run(s: Session, reason: str, last: int, message: str, bar, saves: Sav
                 print(f"labkit: {kept}", flush=True)
     finally:
         s.log.release()  # the next trainer may take the folder
+        allocator.give_back()  # the heap's free pages, kept for reuse during the run
 
 
 def _write_status(s: Session, reason: str, last: int, message: str, extra: dict, *,

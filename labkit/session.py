@@ -22,6 +22,7 @@ from labkit.engines import check_engine, keep, make_engine, resolve_engine
 from labkit.engines.base import Engine
 from labkit.errors import ConfigError
 from labkit.evaluation import held_out_problems
+from labkit.machine.allocator import keep_freed_memory
 from labkit.machine.cpuload import fit_threads
 from labkit.machine.heat import HeatGuard, make_guard
 from labkit.models import (
@@ -78,8 +79,10 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
     (labkit.machine.cpuload)."""
     torch.manual_seed(cfg.seed)
     device = default_device()
-    if device.type == "cpu" and (busy := fit_threads()):
-        print(busy, flush=True)  # before anything loads: the load is then other programs'
+    if device.type == "cpu":
+        keep_freed_memory()  # each step's buffers reused, not faulted in again (allocator)
+        if busy := fit_threads():
+            print(busy, flush=True)  # before anything loads: the load is then other programs'
     timers: dict = {}
     inputs = load_inputs(cfg, timers)
     problems, eval_problems, reward_fn = inputs.problems, inputs.eval_problems, inputs.reward_fn
