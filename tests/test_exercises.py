@@ -983,7 +983,7 @@ def test_pick_follows_the_hardware_and_the_environment(capsys):
 def test_profile_configs():
     cpu = profiles.config("cpu")
     assert (cpu.model, cpu.rollout_batch_size, cpu.n_samples_per_prompt, cpu.num_rollout,
-            cpu.rollout_max_response_len, cpu.steps_per_rollout) == ("smollm2", 4, 8, 16, 48, 1)
+            cpu.rollout_max_response_len, cpu.steps_per_rollout) == ("smollm2", 4, 8, 24, 48, 1)
     assert (cpu.rm_type, cpu.synthetic_steps, cpu.prompt_examples) == ("math_format", 0, 2)
     gpu = profiles.config("gpu")
     assert gpu.model == "Qwen/Qwen2.5-0.5B-Instruct" and gpu.global_batch_size == 256
