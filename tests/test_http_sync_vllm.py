@@ -161,7 +161,7 @@ def test_two_steps_over_http_sample_from_the_trainers_weights(cluster, tmp_path)
     # lr 1e-4), against about 1e-5 with it, so the 1e-3 bound below tells them apart.
     cfg = RunConfig.preset("cpu", rollout_mode="http", router_url=cluster.url, num_rollout=2,
                            n_samples_per_prompt=4, global_batch_size=16,
-                           rollout_max_response_len=16, save_interval=-1,
+                           rollout_max_response_len=16, save_interval=-1, eval_split_size=0,
                            custom_rm_path=f"{__file__}:digit_share", http_sync_check=True,
                            output_dir=str(tmp_path), progress=False)
     run = train(cfg)
