@@ -27,6 +27,7 @@ def test_on_glibc_it_takes_and_again_changes_nothing():
 
 def test_without_glibc_nothing_is_called_and_it_says_so(monkeypatch):
     monkeypatch.setattr(allocator, "_libc", None)
+    monkeypatch.setattr(allocator, "_kept", False)
     monkeypatch.setattr(allocator.sys, "platform", "darwin")
     assert allocator.keep_freed_memory() is False
     assert allocator.give_back() is False

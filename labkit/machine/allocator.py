@@ -26,6 +26,7 @@ M_MMAP_MAX = -4
 NEVER_TRIM = 2**31 - 1  # the largest value mallopt takes (an int): no automatic trimming
 
 _libc = None
+_kept = False  # keep_freed_memory() took in this process: give_back() has pages to return
 
 
 def _glibc():
@@ -46,14 +47,17 @@ def _glibc():
 def keep_freed_memory() -> bool:
     """Tell malloc to keep what is freed for reuse (no mmap, no automatic trim) for the rest
     of this process; True when it took. Calling it again changes nothing."""
+    global _kept
     libc = _glibc()
-    return bool(libc and libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
+    _kept = _kept or bool(libc and libc.mallopt(M_MMAP_MAX, 0)
+                          and libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
+    return _kept
 
 
 def give_back() -> bool:
-    """Return the heap's free pages to the kernel now; True when malloc could (glibc)."""
-    libc = _glibc()
-    if not libc:
+    """Return the heap's free pages to the kernel now; True when it did. Only after
+    keep_freed_memory() took (a run on a CPU, glibc): else malloc trims as it always does."""
+    if not _kept:
         return False
-    libc.malloc_trim(0)
+    _glibc().malloc_trim(0)
     return True
