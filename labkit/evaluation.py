@@ -42,6 +42,7 @@ from labkit.data import encode_prompt
 from labkit.engines import keep
 from labkit.engines.base import Cancelled, Engine, Sampling
 from labkit.reward import math_reward, score
+from labkit.run import start_results
 from labkit.run.outcomes import outcome_row
 
 # Answers per call of the transformers engine (a stop waits for at most one token of it): on
@@ -228,11 +229,21 @@ def log_evaluation(s, trained_steps: int, bar=None) -> dict | None:
                             cancel=teller.check, on_batch=teller.batch_done, done=first,
                             done_seconds=first_s, interrupt=stopping)
 
-        reused = False
+        reused, by = False, None
         if trained_steps == 0:
             key = ("eval", s.policy_key, s.engine.name, tuple(p.id for p in s.eval_problems),
                    s.cfg.rollout_max_response_len, s.cfg.dtype)
-            row, reused = keep.starting_result(key, run)
+            file_key = start_results.key_of("eval", s.policy_key, s.engine.name, ids,
+                                            s.cfg.rollout_max_response_len, list(s.stop_ids),
+                                            s.cfg.dtype)
+
+            def once_in_the_sweep() -> dict:
+                nonlocal by
+                row, by = start_results.shared(file_key, run, who=s.cfg.run_name, stopping=stopping)
+                return row
+
+            row, reused = keep.starting_result(key, once_in_the_sweep)
+            reused = reused or by is not None
         else:
             row = run()
     except Cancelled as e:
@@ -248,10 +259,11 @@ def log_evaluation(s, trained_steps: int, bar=None) -> dict | None:
     s.log.append_eval(row, outcome_row(trained_steps, eval_name(s.eval_problems),
                                        [p.id for p in s.eval_problems], **found))
     name = eval_name(s.eval_problems)
+    said = (f"the same start model, evaluated by run {by} of this sweep" if by is not None
+            else "same start model as before in this process" if reused
+            else f"{row['perf/eval_time']:.1f} s")
     say(f"labkit: held-out accuracy after {trained_steps} steps: {row[name]:.3f} "
-        f"({name}, {row[name + '_n']} problems, "
-        + ("same start model as before in this process)" if reused
-           else f"{row['perf/eval_time']:.1f} s)"))
+        f"({name}, {row[name + '_n']} problems, {said})")
     return row
 
 

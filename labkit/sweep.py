@@ -49,6 +49,7 @@ from pathlib import Path
 from labkit.config import ConfigError, RunConfig
 from labkit.errors import LabkitError, RunLogError, one_line
 from labkit.machine.placement import SHARED_GPU_FIELDS, longest_first
+from labkit.run import start_results
 from labkit.run.files import file_there
 from labkit.run.log import (
     CONFIG,
@@ -508,7 +509,7 @@ def _start(s: _Slot, resume_dir: str | None, gpu: str | None = None) -> subproce
     spec.write_text(json.dumps(s.cfg.to_dict(), indent=1))
     log = open(out / f"{s.cfg.run_name}.log", "ab")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **_package_path(), **_allocator(s.cfg),
-           **device_env(gpu)}
+           **device_env(gpu), start_results.FOLDER_ENV: str(out / ".start")}
     return subprocess.Popen(_command(spec, resume_dir), stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env, start_new_session=True,
                             preexec_fn=_stop_with_parent)

@@ -435,3 +435,24 @@ def test_after_a_second_stop_in_an_update_the_summary_advises_only_what_will_run
     runs = sweep.launch_many(cfgs, resume=True)
     assert [(r.dir.name, _steps(r), r.status["reason"]) for r in runs] == [
         ("first", [0, 1, 2], "completed"), ("second", [0, 1, 2], "completed")]
+
+
+def test_side_by_side_runs_evaluate_their_starting_model_once(tiny_cfg, capsys):
+    """Two runs as processes: one evaluates the start, the other reads its result (the same
+    problems, the same answers), each evaluates its own after."""
+    base = tiny_cfg.replace(num_rollout=1, eval_split_size=3, save_interval=0)
+    runs = sweep.launch_many([base.replace(run_name="a", seed=1), base.replace(run_name="b", seed=2)],
+                             side_by_side=True)
+    starts, afters = [], []
+    for run in runs:
+        rows = {row["eval/trained_steps"]: row for row in read_jsonl(run.dir / "eval.jsonl")[0]}
+        starts.append(rows[0])
+        afters.append(rows[1])
+    assert sorted(row["eval/reused"] for row in starts) == [False, True]
+    assert starts[0]["eval/synthetic_test"] == starts[1]["eval/synthetic_test"]
+    assert not any(row["eval/reused"] for row in afters)
+    outcomes = [read_jsonl(run.dir / "eval_outcomes.jsonl")[0][0] for run in runs]
+    assert outcomes[0]["right"] == outcomes[1]["right"] and outcomes[0]["ids"] == outcomes[1]["ids"]
+    reader = [run for run, row in zip(runs, starts) if row["eval/reused"]][0]
+    other = ({"a", "b"} - {reader.dir.name}).pop()
+    assert f"evaluated by run {other} of this sweep" in (reader.dir.parent / f"{reader.dir.name}.log").read_text()
