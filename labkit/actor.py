@@ -11,6 +11,15 @@ policy's log-probs from before the first step, so they are taken in a separate p
 exactly one step per rollout (the recipe) the policy that sampled is the policy being
 trained, so the old log-probs are the training pass's own, detached: the ratio is 1, the
 gradient is advantage x grad log-prob, and one forward pass over the rollout is saved.
+
+Answers that teach nothing. A group whose answers all got one reward has advantage 0 for
+each of them, and without a KL or entropy term an answer of advantage 0 has a loss and a
+gradient of exactly 0 (the clipped surrogate is ratio x 0). So such answers take no pass
+(`samples_that_train`, `--skip-zero-advantage`, on by default): the token-mean's denominator
+still counts their tokens, and the optimizer still steps when a whole global batch is of them
+(zero gradients: AdamW's momentum and weight decay move the weights as they would have). The
+step is the same, to float rounding, for less work: in the group-size study a third of the
+answers at 16 a prompt, three fifths at 4, had advantage 0.
 """
 
 from __future__ import annotations
@@ -64,14 +73,30 @@ def _forward_logprobs(model, mb: Rows, temperature, autocast, entropy=None):
     return mb.spread(lp), (mb.spread(ent) if entropy and ent is not None else None)
 
 
+def samples_that_train(batch: RolloutBatch, cfg) -> torch.Tensor | None:
+    """[N] bool: the samples that take a pass in the update, or None for all of them.
+
+    With --skip-zero-advantage and no KL or entropy term, the samples of advantage 0 take
+    none (see the module's docstring), except those whose engine log-probs the training
+    pass is checked against (train/train_rollout_logprob_abs_diff)."""
+    if not getattr(cfg, "skip_zero_advantage", False) or cfg.kl_loss_coef > 0 or cfg.entropy_coef != 0:
+        return None
+    keep = batch.advantages != 0
+    if batch.engine_rows is not None and not cfg.overlap_rollout:
+        keep |= batch.engine_rows.bool()
+    return keep
+
+
 @torch.no_grad()
 def compute_logprobs(model, batch: RolloutBatch, *, micro_batch_size: int, temperature: float,
                      max_tokens: int | None = None, autocast=contextlib.nullcontext,
-                     share_prompt: bool = False):
-    """Per-token log-probs [N, R] of the answers under `model` (old or reference policy)."""
+                     share_prompt: bool = False, only: torch.Tensor | None = None):
+    """Per-token log-probs [N, R] of the answers under `model` (old or reference policy); of
+    the samples `only` marks where given (the others' stay 0)."""
     device = next(model.parameters()).device
     out = torch.zeros_like(batch.response_mask)
-    order = longest_first(batch, torch.arange(batch.size))
+    everyone = torch.arange(batch.size)
+    order = longest_first(batch, everyone if only is None else everyone[only])
     with mode(model, training=False):
         for idx, mb in passes(batch, order, device, max_samples=micro_batch_size,
                               max_tokens=max_tokens, share_prompt=share_prompt):
@@ -113,12 +138,13 @@ def train_on_rollout(model, optimizer, batch: RolloutBatch, cfg, *, generator: t
         batch.old_logprobs = torch.zeros_like(batch.response_mask)
     order = torch.randperm(batch.size, generator=generator)
     stats = dict.fromkeys(("loss", "clipped", "ppo_kl", "entropy", "kl", "tokens", "grad_norm",
-                           "micro_batches", "padded", "real"), 0.0)
+                           "micro_batches", "padded", "real", "skipped"), 0.0)
     g = cfg.global_batch_size
+    trains = samples_that_train(batch, cfg)
     with mode(model, training=True):
         for k in range(cfg.steps_per_rollout):
             idx = longest_first(batch, order[k * g : (k + 1) * g])
-            _optimizer_step(model, optimizer, batch, idx, cfg, fused, autocast, stats)
+            _optimizer_step(model, optimizer, batch, idx, cfg, fused, autocast, stats, trains)
     steps, tokens = cfg.steps_per_rollout, max(stats["tokens"], 1.0)
     return {
         "train/loss": stats["loss"] / steps,
@@ -130,19 +156,25 @@ def train_on_rollout(model, optimizer, batch: RolloutBatch, cfg, *, generator: t
         "train/steps": steps,
         "train/micro_batches": int(stats["micro_batches"]),
         "train/padding_frac": 1.0 - stats["real"] / max(stats["padded"], 1.0),
+        "train/skipped_frac": stats["skipped"] / max(batch.size * steps, 1),
     }
 
 
 def _optimizer_step(model, optimizer, batch: RolloutBatch, idx: torch.Tensor, cfg, fused: bool,
-                    autocast, stats: dict) -> None:
+                    autocast, stats: dict, trains: torch.Tensor | None = None) -> None:
     """One optimizer step on the samples `idx` (one global batch), micro-batch by
-    micro-batch; adds its statistics to `stats`."""
+    micro-batch, the passes over those `trains` marks (all where None); adds its statistics
+    to `stats`."""
     device = next(model.parameters()).device
     lengths = batch.response_mask.sum(dim=1)
     seq_mean = cfg.loss_agg_mode == "seq-mean"
-    denom = float(len(idx)) if seq_mean else float(lengths[idx].sum().clamp(min=1))
+    denom = float(len(idx)) if seq_mean else float(lengths[idx].sum().clamp(min=1))  # every sample's
     max_tokens = cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else None
     optimizer.zero_grad(set_to_none=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if trains is not None:
+        stats["skipped"] += float((~trains[idx]).sum())
+        idx = idx[trains[idx]]
     for mb, rows in passes(batch, idx, device, max_samples=cfg.micro_batch_size,
                            max_tokens=max_tokens, share_prompt=cfg.share_prompt):
         rmask, r = rows.rmask, rows.r
@@ -171,7 +203,9 @@ def _optimizer_step(model, optimizer, batch: RolloutBatch, idx: torch.Tensor, cf
         stats["micro_batches"] += 1
         stats["padded"] += rows.ids.numel()  # what the passes computed on ...
         stats["real"] += rows.real  # ... and what was tokens
-    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:  # no pass ran (every answer of advantage 0): the gradient is 0, not absent
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
     stats["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad))
     optimizer.step()
 

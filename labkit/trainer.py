@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from labkit import data as datamod
-from labkit.actor import compute_logprobs, train_on_rollout
+from labkit.actor import compute_logprobs, samples_that_train, train_on_rollout
 from labkit.config import RunConfig
 from labkit.data import encode_prompt
 from labkit.engines.base import Completion, Engine, Sampling
@@ -241,7 +241,7 @@ def update_policy(s: Session, rollout: Rollout, advantages: torch.Tensor, step: 
     if cfg.overlap_rollout:  # one step off-policy: the engine's log-probs are the old policy
         batch.old_logprobs = batch.engine_logprobs
     elif cfg.steps_per_rollout > 1:  # else the training pass gives them (see labkit.actor)
-        batch.old_logprobs = compute_logprobs(s.policy, batch, **kw)
+        batch.old_logprobs = compute_logprobs(s.policy, batch, **kw, only=samples_that_train(batch, cfg))
     if s.ref is not None:
         batch.ref_logprobs = compute_logprobs(s.ref, batch, **kw)
     gen = torch.Generator().manual_seed(cfg.seed * 7_919 + step)

@@ -70,6 +70,8 @@ IGNORED = {
                     "Megatron lays out its passes its own way",
     "use_liger_kernel": "kernels of labkit's update (the same loss to bf16 rounding); Megatron "
                         "fuses its own",
+    "skip_zero_advantage": "work labkit's update leaves out (answers whose loss and gradient "
+                           "are 0); miles computes them, for the same step",
 }
 # Refused by value (set or not): a fixed KV cache size has no miles flag. SGLang sizes its
 # cache as a share of GPU memory (--sglang-mem-fraction-static, which labkit's

@@ -23,11 +23,11 @@ The rest differ:
 | perf/actor_train_time | perf/actor_train_time, perf/log_probs_time | miles times its old-log-prob pass apart and runs it every step; labkit runs one only when a rollout gives several optimizer steps and counts it here: the sum then, actor_train_time alone with one step |
 | perf/step_time | perf/step_time | miles': train_wait + train, from the end of one update to the end of the next |
 | perf/tokens_per_s | none | per run, not per GPU as miles' tokens_per_gpu_per_sec |
-| train/entropy | train/entropy_loss | the mean token entropy; miles logs 0 when it does not compute it (--entropy-coef 0 without --observe-training-entropy) |
+| train/entropy | train/entropy_loss | the mean token entropy; miles logs 0 when it does not compute it (--entropy-coef 0 without --observe-training-entropy); labkit's is over the answers that took a pass (train/skipped_frac) |
 | train/lr | train/lr-pg_0 | the first parameter group's |
 | train/steps | count of `step N` lines | optimizer steps of the rollout |
 | eval/accuracy | eval/<name> | miles' mean eval reward; the same for a 0/1 reward |
-| rollout/raw_reward_std, rollout/right_frac, perf/max_gpu_memory_gb, train/micro_batches, train/padding_frac, heat/, client/, time/ | none | labkit only |
+| rollout/raw_reward_std, rollout/right_frac, perf/max_gpu_memory_gb, train/micro_batches, train/padding_frac, train/skipped_frac, heat/, client/, time/ | none | labkit only |
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "train/steps": ("", "optimizer steps taken on this rollout"),
     "train/micro_batches": ("", "forward/backward passes in the update (all optimizer steps)"),
     "train/padding_frac": ("", "share of the update's padded tokens (rows x longest) that are padding"),
+    "train/skipped_frac": ("", "share of the answers that took no pass: advantage 0 (--skip-zero-advantage)"),
     "train/train_rollout_logprob_abs_diff": ("", "mean |trainer - engine| log-prob of the sampled tokens"),
     # eval: a miles log's evaluation (labkit's own runs write eval.jsonl: EVAL_METRICS)
     "eval/accuracy": ("", "greedy accuracy on the held-out problems, as a miles log reports it"),
@@ -122,7 +123,7 @@ EVAL_METRICS: dict[str, tuple[str, str]] = {
     "eval/<source>_<split>_n": ("", "held-out problems evaluated"),
     "eval/response_len/mean": ("tokens", "mean length of the greedy answers"),
     "eval/truncated_ratio": ("", "fraction of greedy answers cut at --rollout-max-response-len"),
-    "eval/reused": ("", "true when the starting model's result came from an earlier run in this process"),
+    "eval/reused": ("", "true when the starting model's result came from an earlier run in this process or another run of the sweep"),
     "perf/eval_time": ("s", "the evaluation, wall clock (never part of perf/step_time)"),
     "time/end": ("s", "unix time the evaluation ended"),
 }

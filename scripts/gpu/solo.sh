@@ -35,6 +35,7 @@
 #                   (seed 21), then `labkit sweep --seed 21,22,23,24` (and the first 3, 2 seeds),
 #                   each run a process with the sweep's memory plan (its runs get torch's
 #                   expandable segments); side4p is side4 with torch's plain allocator
+#   alone_full      alone with every answer through the update (--no-skip-zero-advantage)
 #   alone_lean      one run alone as a shared run is set: checkpointed at 24,576 tokens, a fixed
 #                   8 GiB KV cache, no sleep mode (its whole-GPU memory is what one run needs)
 #   alone24         one run alone, plain update at 24,576 tokens a micro-batch
@@ -132,6 +133,8 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       bash scripts/gpu/update_side_by_side.sh ;;
     alone) job alone 300 python -m labkit launch "${SHORT[@]}" --seed 21 --model "$M" --data "$D" \
       --output-dir "$SOLO/runs" --run-name alone ;;
+    alone_full) job alone_full 300 python -m labkit launch "${SHORT[@]}" --seed 21 --model "$M" --data "$D" \
+      --output-dir "$SOLO/runs" --run-name alone-full --no-skip-zero-advantage ;;
     lessons) job lessons 1700 env LABKIT_PROFILE=gpu LABKIT_MODEL="$M" LABKIT_DATA="$D" \
       python scripts/gpu/lessons.py --out "$L/lessons" --stop-after "${LESSON_STOP_AFTER:-120}" ${LESSONS:-}
       for r in runs/*/; do  # the lessons' own runs (the repository's runs/): their light files
