@@ -259,7 +259,7 @@ def log_evaluation(s, trained_steps: int, bar=None) -> dict | None:
     s.log.append_eval(row, outcome_row(trained_steps, eval_name(s.eval_problems),
                                        [p.id for p in s.eval_problems], **found))
     name = eval_name(s.eval_problems)
-    said = (f"the same start model, evaluated by run {by} of this sweep" if by is not None
+    said = (f"the same start model, already evaluated by run {by}" if by is not None
             else "same start model as before in this process" if reused
             else f"{row['perf/eval_time']:.1f} s")
     say(f"labkit: held-out accuracy after {trained_steps} steps: {row[name]:.3f} "

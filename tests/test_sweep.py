@@ -455,4 +455,4 @@ def test_side_by_side_runs_evaluate_their_starting_model_once(tiny_cfg, capsys):
     assert outcomes[0]["right"] == outcomes[1]["right"] and outcomes[0]["ids"] == outcomes[1]["ids"]
     reader = [run for run, row in zip(runs, starts) if row["eval/reused"]][0]
     other = ({"a", "b"} - {reader.dir.name}).pop()
-    assert f"evaluated by run {other} of this sweep" in (reader.dir.parent / f"{reader.dir.name}.log").read_text()
+    assert f"already evaluated by run {other}" in (reader.dir.parent / f"{reader.dir.name}.log").read_text()

@@ -6,7 +6,8 @@ run. In lesson 1.3's study (nine runs on one H200) that was nine evaluations of 
 GSM8K test problems where one does. So the sweep gives its runs a folder (the variable
 FOLDER_ENV, `<output_dir>/.start`), and the first run that needs a starting result computes
 it while holding a lock and writes it there; the others wait for the lock, then read the
-result instead of computing it. A run seated later, when a place frees, finds it written.
+result instead of computing it. A run seated later, when a place frees, finds it written, and so does a later sweep
+into the same output folder from the same model.
 
 The result is keyed by everything that makes it: the model's folder, the engine, the
 prompts' very token ids, the answer length, the stop tokens, the dtype and the policy's
