@@ -17,11 +17,14 @@
 #   sweep4, sweep2  4 and 2 recipe runs side by side (`labkit sweep`, seeds 1-4 / 1-2)
 #   sweep4_mps      sweep4 with NVIDIA MPS (one daemon for the GPU, started and quit here)
 #   lesson_sweep    lesson 1.3's GPU cell: 4, 8 and 16 answers side by side, 24 steps, held-out
-#                   accuracy at both ends, cold (LESSON_EXTRA: flags added to it)
+#                   accuracy at both ends, cold: an earlier job's start result and vLLM's compile
+#                   cache are set aside first (LESSON_EXTRA: flags added to it)
 #   study           the group-size study as one command: `labkit sweep --rm-type math
 #                   --n-samples-per-prompt 4,8,16 --seed 1,2,3` (nine recipe runs, 24 steps,
 #                   held-out accuracy and each problem's outcome at both ends), as many at once
 #                   as the memory plan seats, the longest first (STUDY_EXTRA: flags added)
+#   bench_mps       4 processes decoding side by side (Qwen2.5-0.5B's shapes, CUDA graphs), without
+#                   and with NVIDIA MPS (benchmarks/bench_mps.py: its own server, quit at the end)
 #   update_probe    the update alone, one process and 4 side by side (update_side_by_side.sh)
 #   update_kernels  the update alone (recipe's architecture, random weights), plain at 12,288 tokens
 #                   and checkpointed at 24,576: labkit's layers and liger-kernel's
@@ -128,6 +131,8 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       echo quit | nvidia-cuda-mps-control >> "$L/mps.log" 2>&1; say "mps daemon quit: exit $?"
       cp "$CUDA_MPS_LOG_DIRECTORY"/* "$L/" 2>/dev/null
       unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
+    bench_mps) job bench_mps 300 python benchmarks/bench_mps.py --workers 4 --batch 256 --steps 3000 \
+      --out "$L/bench_mps.jsonl" ;;
     update_probe) job update_probe 420 env OUT="$L/update" N=4 BUDGET=12288 EXPANDABLE=1 LIGER=1 \
       SOLO="--budgets 12288 --checkpointed 12288,24576,49152" LIGER_SOLO="--budgets 12288 --checkpointed 12288" \
       bash scripts/gpu/update_side_by_side.sh ;;
@@ -150,7 +155,10 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       alloc=$([ "$j" = side4p ] && echo expandable_segments:False)
       job "$j" 480 env ${alloc:+PYTORCH_CUDA_ALLOC_CONF=$alloc} python -m labkit sweep "${SHORT[@]}" \
         --seed "$seeds" --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name "$j" ;;
-    lesson_sweep) job lesson_sweep 600 python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
+    lesson_sweep)  # cold, as a first sweep on the machine: no start result, no vLLM compile cache
+      mv "$SOLO/runs/.start" "$SOLO/runs/.start-before-lesson" 2>/dev/null
+      mv "$HOME/.cache/vllm" "$HOME/.cache/vllm-before-lesson" 2>/dev/null
+      job lesson_sweep 600 python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
       --seed "${LESSON_SEED:-11}" --lr 1e-6 --engine vllm --save-interval -1 --no-progress --model "$M" --data "$D" \
       --output-dir "$SOLO/runs" --run-name lesson ${LESSON_EXTRA:-} ;;
     study) job study "${STUDY_LIMIT:-1500}" python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
