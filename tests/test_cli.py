@@ -158,7 +158,11 @@ def test_a_launch_ends_with_the_reward_at_the_start_and_the_end_and_its_plot(tmp
 def test_vllm_only_flags_on_the_hf_engine_are_said_to_be_ignored(capsys, monkeypatch):
     import labkit.engines
     from labkit.cli import main
+    from labkit.config import RunConfig
+    from labkit.models import resolve_model
 
+    resolve_model(RunConfig.preset("cpu").model)  # a cold cache dequantizes first, with a progress bar
+    capsys.readouterr()
     assert main(["launch", "--preset", "cpu", "--dry-run", "--rollout-kv-cache-gb", "8",
                  "--no-rollout-sleep"]) == 0
     err = capsys.readouterr().err.strip()
