@@ -19,6 +19,7 @@
 #   lesson_sweep    lesson 1.3's GPU cell: 4, 8 and 16 answers side by side, 24 steps, held-out
 #                   accuracy at both ends, cold: an earlier job's start result and vLLM's compile
 #                   cache are set aside first (LESSON_EXTRA: flags added to it)
+#   lesson_mps      the same under NVIDIA MPS (a server of its own, started and quit here)
 #   study           the group-size study as one command: `labkit sweep --rm-type math
 #                   --n-samples-per-prompt 4,8,16 --seed 1,2,3` (nine recipe runs, 24 steps,
 #                   held-out accuracy and each problem's outcome at both ends), as many at once
@@ -87,6 +88,17 @@ job() {  # job NAME LIMIT_S CMD...: run CMD with GPU memory sampled, log its exi
   say "$name peak GPU memory used $(sort -t, -k2 -n "$L/$name.gpu.csv" | tail -1 | cut -d, -f2)"
 }
 
+mps_on() {  # NVIDIA MPS for the next job's processes: a server of its own (pipe folder in $SOLO)
+  export CUDA_MPS_PIPE_DIRECTORY=$SOLO/mps/pipe CUDA_MPS_LOG_DIRECTORY=$SOLO/mps/log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d >> "$L/mps.log" 2>&1; say "mps daemon: exit $?"
+}
+mps_off() {
+  echo quit | timeout 30 nvidia-cuda-mps-control >> "$L/mps.log" 2>&1; say "mps daemon quit: exit $?"
+  cp "$CUDA_MPS_LOG_DIRECTORY"/* "$L/" 2>/dev/null
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+
 RECIPE=(--rollout-batch-size 32 --n-samples-per-prompt 8 --global-batch-size 256 --rm-type math
         --rollout-max-response-len 1024 --lr 1e-6 --seed 1 --num-rollout 24 --no-progress
         --save-interval -1 --engine vllm --rollout-gpu-memory-fraction 0.5)
@@ -123,14 +135,10 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
     sweep2) job sweep2 360 python -m labkit sweep "${SHORT[@]}" --n-samples-per-prompt 8 --seed 1,2 \
       --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name sweep2 ;;
     sweep4_mps)
-      export CUDA_MPS_PIPE_DIRECTORY=$SOLO/mps/pipe CUDA_MPS_LOG_DIRECTORY=$SOLO/mps/log
-      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-      nvidia-cuda-mps-control -d >> "$L/mps.log" 2>&1; say "mps daemon: exit $?"
+      mps_on
       job sweep4_mps 420 python -m labkit sweep "${SHORT[@]}" --n-samples-per-prompt 8 --seed 1,2,3,4 \
         --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name sweep4mps
-      echo quit | nvidia-cuda-mps-control >> "$L/mps.log" 2>&1; say "mps daemon quit: exit $?"
-      cp "$CUDA_MPS_LOG_DIRECTORY"/* "$L/" 2>/dev/null
-      unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
+      mps_off ;;
     bench_mps) job bench_mps 300 python benchmarks/bench_mps.py --workers 4 --batch 256 --steps 3000 \
       --out "$L/bench_mps.jsonl" ;;
     update_probe) job update_probe 420 env OUT="$L/update" N=4 BUDGET=12288 EXPANDABLE=1 LIGER=1 \
@@ -155,12 +163,15 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       alloc=$([ "$j" = side4p ] && echo expandable_segments:False)
       job "$j" 480 env ${alloc:+PYTORCH_CUDA_ALLOC_CONF=$alloc} python -m labkit sweep "${SHORT[@]}" \
         --seed "$seeds" --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name "$j" ;;
-    lesson_sweep)  # cold, as a first sweep on the machine: no start result, no vLLM compile cache
-      mv "$SOLO/runs/.start" "$SOLO/runs/.start-before-lesson" 2>/dev/null
-      mv "$HOME/.cache/vllm" "$HOME/.cache/vllm-before-lesson" 2>/dev/null
-      job lesson_sweep 600 python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
-      --seed "${LESSON_SEED:-11}" --lr 1e-6 --engine vllm --save-interval -1 --no-progress --model "$M" --data "$D" \
-      --output-dir "$SOLO/runs" --run-name lesson ${LESSON_EXTRA:-} ;;
+    lesson_sweep|lesson_mps)  # cold, as a first sweep on the machine: no start result, no vLLM compile cache
+      stamp=$(date +%s)
+      mv "$SOLO/runs/.start" "$SOLO/runs/.start-$stamp" 2>/dev/null
+      mv "$HOME/.cache/vllm" "$HOME/.cache/vllm-$stamp" 2>/dev/null
+      name=lesson && [ "$j" = lesson_mps ] && name=lessonmps && mps_on
+      job "$j" 600 python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
+        --seed "${LESSON_SEED:-11}" --lr 1e-6 --engine vllm --save-interval -1 --no-progress --model "$M" \
+        --data "$D" --output-dir "$SOLO/runs" --run-name "$name" ${LESSON_EXTRA:-}
+      [ "$j" = lesson_mps ] && mps_off ;;
     study) job study "${STUDY_LIMIT:-1500}" python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
       --seed 1,2,3 --save-interval -1 --no-progress --model "$M" --data "$D" --output-dir "$SOLO/runs" \
       --run-name study ${STUDY_EXTRA:-} ;;
