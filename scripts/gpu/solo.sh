@@ -91,7 +91,9 @@ job() {  # job NAME LIMIT_S CMD...: run CMD with GPU memory sampled, log its exi
 mps_on() {  # NVIDIA MPS for the next job's processes: a server of its own (pipe folder in $SOLO)
   export CUDA_MPS_PIPE_DIRECTORY=$SOLO/mps/pipe CUDA_MPS_LOG_DIRECTORY=$SOLO/mps/log
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d >> "$L/mps.log" 2>&1; say "mps daemon: exit $?"
+  nvidia-cuda-mps-control -d >> "$L/mps.log" 2>&1; local rc=$?; say "mps daemon: exit $rc"
+  [ "$rc" = 0 ] || unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  return "$rc"
 }
 mps_off() {
   echo quit | timeout 30 nvidia-cuda-mps-control >> "$L/mps.log" 2>&1; say "mps daemon quit: exit $?"
@@ -167,7 +169,8 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       stamp=$(date +%s)
       mv "$SOLO/runs/.start" "$SOLO/runs/.start-$stamp" 2>/dev/null
       mv "$HOME/.cache/vllm" "$HOME/.cache/vllm-$stamp" 2>/dev/null
-      name=lesson && [ "$j" = lesson_mps ] && name=lessonmps && mps_on
+      name=lesson && [ "$j" = lesson_mps ] && name=lessonmps
+      [ "$j" = lesson_mps ] && ! mps_on && { say "lesson_mps: not run, no MPS server"; continue; }
       job "$j" 600 python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
         --seed "${LESSON_SEED:-11}" --lr 1e-6 --engine vllm --save-interval -1 --no-progress --model "$M" \
         --data "$D" --output-dir "$SOLO/runs" --run-name "$name" ${LESSON_EXTRA:-}
