@@ -14,8 +14,8 @@
 #   solo_default    the recipe as a user types it, alone (sleep mode, default budget)
 #   solo_kv8        one run alone with the settings a sweep gives each run (fixed 8 GiB KV
 #                   cache, no sleep): its whole-GPU memory is one run's share
-#   sweep4, sweep2  4 and 2 recipe runs side by side (`labkit sweep`, seeds 1-4 / 1-2)
-#   sweep4_mps      sweep4 with NVIDIA MPS (one daemon for the GPU, started and quit here)
+#   sweep4, sweep2  4 and 2 recipe runs side by side (`labkit sweep`, seeds 1-4 / 1-2); sweep4 cold
+#   sweep4_mps      sweep4 with NVIDIA MPS (a server of its own, started and quit here), cold
 #   lesson_sweep    lesson 1.3's GPU cell: 4, 8 and 16 answers side by side, 24 steps, held-out
 #                   accuracy at both ends, cold: an earlier job's start result and vLLM's compile
 #                   cache are set aside first (LESSON_EXTRA: flags added to it)
@@ -88,6 +88,12 @@ job() {  # job NAME LIMIT_S CMD...: run CMD with GPU memory sampled, log its exi
   say "$name peak GPU memory used $(sort -t, -k2 -n "$L/$name.gpu.csv" | tail -1 | cut -d, -f2)"
 }
 
+cold() {  # the next job as a first sweep on the machine: an earlier start result and vLLM's
+  local stamp  # compile cache set aside
+  stamp=$(date +%s)
+  mv "$SOLO/runs/.start" "$SOLO/runs/.start-$stamp" 2>/dev/null
+  mv "$HOME/.cache/vllm" "$HOME/.cache/vllm-$stamp" 2>/dev/null
+}
 mps_on() {  # NVIDIA MPS for the next job's processes: a server of its own (pipe folder in $SOLO)
   export CUDA_MPS_PIPE_DIRECTORY=$SOLO/mps/pipe CUDA_MPS_LOG_DIRECTORY=$SOLO/mps/log
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
@@ -132,12 +138,12 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       --global-batch-size 256 --seed 1 --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name solo-kv8 \
       --rollout-kv-cache-gb 8 --no-rollout-sleep --rollout-gpu-memory-fraction 0.125 \
       --max-tokens-per-gpu "${SHARED_TOKENS:-6144}" ;;
-    sweep4) job sweep4 420 python -m labkit sweep "${SHORT[@]}" --n-samples-per-prompt 8 --seed 1,2,3,4 \
+    sweep4) cold; job sweep4 420 python -m labkit sweep "${SHORT[@]}" --n-samples-per-prompt 8 --seed 1,2,3,4 \
       --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name sweep4 ;;
     sweep2) job sweep2 360 python -m labkit sweep "${SHORT[@]}" --n-samples-per-prompt 8 --seed 1,2 \
       --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name sweep2 ;;
     sweep4_mps)
-      mps_on
+      cold; mps_on || { say "sweep4_mps: not run, no MPS server"; continue; }
       job sweep4_mps 420 python -m labkit sweep "${SHORT[@]}" --n-samples-per-prompt 8 --seed 1,2,3,4 \
         --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name sweep4mps
       mps_off ;;
@@ -166,9 +172,7 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       job "$j" 480 env ${alloc:+PYTORCH_CUDA_ALLOC_CONF=$alloc} python -m labkit sweep "${SHORT[@]}" \
         --seed "$seeds" --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name "$j" ;;
     lesson_sweep|lesson_mps)  # cold, as a first sweep on the machine: no start result, no vLLM compile cache
-      stamp=$(date +%s)
-      mv "$SOLO/runs/.start" "$SOLO/runs/.start-$stamp" 2>/dev/null
-      mv "$HOME/.cache/vllm" "$HOME/.cache/vllm-$stamp" 2>/dev/null
+      cold
       name=lesson && [ "$j" = lesson_mps ] && name=lessonmps
       [ "$j" = lesson_mps ] && ! mps_on && { say "lesson_mps: not run, no MPS server"; continue; }
       job "$j" 600 python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
