@@ -119,7 +119,7 @@ class _Slot:
 
 
 def launch_many(configs: Sequence[RunConfig | dict], *, resume: bool = False,
-                side_by_side: bool | None = None, gpus=None) -> list[Run]:
+                side_by_side: bool | None = None, gpus=None, mps: bool = False) -> list[Run]:
     """Run every config (a RunConfig, or a dict of its fields); return the Runs that have a
     folder, in the configs' order.
 
@@ -128,22 +128,25 @@ def launch_many(configs: Sequence[RunConfig | dict], *, resume: bool = False,
     on a CPU, where the runs then share its cores). `resume`: continue named runs (see
     above). `gpus`: the GPUs side-by-side runs may use, nvidia-smi's numbers (`[0, 1]` or
     "0,1"); None: env LABKIT_GPUS, else every GPU this process sees (labkit.machine.placement).
+    `mps`: the runs that share a GPU reach an NVIDIA MPS server of the sweep's own, so their
+    kernels run at once (labkit.machine.mps); refused where the runs share no GPU.
     """
-    slots = run_sweep(configs, resume=resume, side_by_side=side_by_side, gpus=gpus)
+    slots = run_sweep(configs, resume=resume, side_by_side=side_by_side, gpus=gpus, mps=mps)
     return [r for r in (s.run() for s in slots) if r is not None]
 
 
 def run_sweep(configs, *, resume: bool = False, side_by_side: bool | None = None,
-              hints: Hints = Hints(), gpus=None) -> list[_Slot]:
+              hints: Hints = Hints(), gpus=None, mps: bool = False) -> list[_Slot]:
     """launch_many, returning each config's slot (its outcome and exit code); `hints` word
     the summary's advice for the caller (`labkit sweep` names its own flags)."""
-    ready = prepare_sweep(configs, resume=resume, side_by_side=side_by_side, hints=hints, gpus=gpus)
+    ready = prepare_sweep(configs, resume=resume, side_by_side=side_by_side, hints=hints, gpus=gpus,
+                          mps=mps)
     slots = ready.slots
     if not slots:
         return slots
     with _stops_caught() as stops:
         if ready.plan is not None:
-            _side_by_side(slots, stops, ready.plan)
+            _side_by_side(slots, stops, ready.plan, ready.mps)
         else:
             from labkit.run.progress import RESUME_HOW
 
@@ -233,10 +236,11 @@ class Prepared:
 
     slots: list[_Slot]
     plan: object | None = None
+    mps: bool = False  # the side-by-side runs reach an MPS server of the sweep's own
 
 
 def prepare_sweep(configs, *, resume: bool = False, side_by_side: bool | None = None,
-                  hints: Hints = Hints(), gpus=None) -> Prepared:
+                  hints: Hints = Hints(), gpus=None, mps: bool = False) -> Prepared:
     """Everything a sweep checks and decides before its first run starts, in one place: the
     GPUs asked for, each config, the run folders (what resume does with each), the inputs
     every run reads and what the machine must have for them, whether the runs go side by
@@ -260,6 +264,8 @@ def prepare_sweep(configs, *, resume: bool = False, side_by_side: bool | None = 
         _check_gpus_reach_the_runs(wanted, gpus, on_gpu, hints)
     if side_by_side is None:  # a GPU asked for is honoured for one run too: its own process
         side_by_side = on_gpu and (len(slots) > 1 or wanted is not None)
+    if mps:
+        _check_mps(side_by_side and on_gpu, hints)
     if not side_by_side or not todo:
         return Prepared(slots)
     if on_gpu:
@@ -267,7 +273,20 @@ def prepare_sweep(configs, *, resume: bool = False, side_by_side: bool | None = 
                               [s.cfg for s in todo if s.resume_dir is not None], wanted)
     else:
         plan = placement.anywhere(len(todo))
-    return Prepared(slots, plan)
+    return Prepared(slots, plan, mps)
+
+
+def _check_mps(share_a_gpu: bool, hints: Hints) -> None:
+    """Refuse MPS where it would serve nothing (no runs side by side on a GPU) or cannot start."""
+    from labkit.machine import mps
+
+    flag = "--mps" if hints.flags else "mps=True"
+    if not share_a_gpu:
+        raise ConfigError(f"{flag}: these runs share no GPU (MPS serves runs side by side on a "
+                          f"GPU with the vLLM engine)")
+    why = mps.missing()
+    if why:
+        raise ConfigError(f"{flag}: {why}")
 
 
 def _check_gpus_reach_the_runs(wanted: list[str], gpus, on_gpu: bool, hints: Hints) -> None:
@@ -486,21 +505,31 @@ def _failure_words(e: BaseException) -> str:
 
 
 # ----------------------------------------------------------------------------- side by side
-def _side_by_side(slots: list[_Slot], stops: list[int], plan) -> None:
+def _side_by_side(slots: list[_Slot], stops: list[int], plan, mps: bool = False) -> None:
     """A process per run, each on the GPU the plan gives it (labkit.machine.placement: checked
-    against the GPUs' free memory before any starts, prepare_sweep); wait, forwarding a stop."""
+    against the GPUs' free memory before any starts, prepare_sweep); wait, forwarding a stop.
+    `mps`: every run reaches one MPS server, started first and quit when all have ended."""
     todo = [s for s in slots if s.outcome != "completed"]
     if not todo:
         return
     for s in todo:  # a bar of its own would only fill its log
         s.cfg = s.cfg.replace(progress=False)
-    _wait(todo, plan, stops)
+    if not mps:
+        _wait(todo, plan, stops)
+        return
+    from labkit.machine.mps import server
+
+    with server() as env:
+        print("labkit: the runs share each GPU through an MPS server of this sweep's own",
+              flush=True)
+        _wait(todo, plan, stops, env)
 
 
-def _start(s: _Slot, resume_dir: str | None, gpu: str | None = None) -> subprocess.Popen:
+def _start(s: _Slot, resume_dir: str | None, gpu: str | None = None,
+           extra_env: dict | None = None) -> subprocess.Popen:
     """The run's process (_command) in a session of its own (so a terminal's Ctrl-C reaches
     only this one, which passes it on once), seeing only `gpu` (all the sweep sees for
-    None), its output in <output_dir>/<run_name>.log."""
+    None), `extra_env` added to its environment, its output in <output_dir>/<run_name>.log."""
     from labkit.machine.placement import device_env
 
     out = Path(s.cfg.output_dir)
@@ -509,7 +538,7 @@ def _start(s: _Slot, resume_dir: str | None, gpu: str | None = None) -> subproce
     spec.write_text(json.dumps(s.cfg.to_dict(), indent=1))
     log = open(out / f"{s.cfg.run_name}.log", "ab")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **_package_path(), **_allocator(s.cfg),
-           **device_env(gpu), start_results.FOLDER_ENV: str(out / ".start")}
+           **device_env(gpu), start_results.FOLDER_ENV: str(out / ".start"), **(extra_env or {})}
     return subprocess.Popen(_command(spec, resume_dir), stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env, start_new_session=True,
                             preexec_fn=_stop_with_parent)
@@ -561,7 +590,7 @@ def _stop_with_parent() -> None:
         pass
 
 
-def _wait(todo: list[_Slot], plan, stops: list[int]) -> None:
+def _wait(todo: list[_Slot], plan, stops: list[int], extra_env: dict | None = None) -> None:
     """Start the runs as the plan seats them, each waiting one when a run ends; show every
     run's progress until all have ended. A stop starts no further run and goes to each
     running one once (the second interrupts their steps, the third kills them). Should the
@@ -573,7 +602,7 @@ def _wait(todo: list[_Slot], plan, stops: list[int]) -> None:
     try:
         while True:
             if not stops:
-                _start_seated(waiting, todo, plan)
+                _start_seated(waiting, todo, plan, extra_env)
             if not any(_running(s) for s in todo):
                 break
             try:
@@ -597,7 +626,8 @@ def _wait(todo: list[_Slot], plan, stops: list[int]) -> None:
             _said_how_it_ended(s)
 
 
-def _start_seated(waiting: list[_Slot], todo: list[_Slot], plan) -> None:
+def _start_seated(waiting: list[_Slot], todo: list[_Slot], plan,
+                  extra_env: dict | None = None) -> None:
     """Start waiting runs, in order, where the plan has a seat and room for each (Plan.place:
     a later, smaller run may start where an earlier one does not fit yet)."""
     for s in list(waiting):
@@ -612,7 +642,7 @@ def _start_seated(waiting: list[_Slot], todo: list[_Slot], plan) -> None:
         gpu, s.cfg = placed
         s.gpu = gpu.id
         try:
-            s.proc = _start(s, s.resume_dir, gpu.id)
+            s.proc = _start(s, s.resume_dir, gpu.id, extra_env)
             s.outcome = "running"
         except OSError as e:  # no process for this run (a full disk, too many processes)
             s.fail(f"could not start its process ({e.strerror or e})")

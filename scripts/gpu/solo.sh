@@ -138,13 +138,13 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       --global-batch-size 256 --seed 1 --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name solo-kv8 \
       --rollout-kv-cache-gb 8 --no-rollout-sleep --rollout-gpu-memory-fraction 0.125 \
       --max-tokens-per-gpu "${SHARED_TOKENS:-6144}" ;;
-    sweep4) cold; job sweep4 420 python -m labkit sweep "${SHORT[@]}" --n-samples-per-prompt 8 --seed 1,2,3,4 \
+    sweep4) cold; job sweep4 420 python -m labkit sweep "${SHORT[@]}" --n-samples-per-prompt 8 --seed "${SWEEP_SEEDS:-1,2,3,4}" \
       --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name sweep4 ;;
     sweep2) job sweep2 360 python -m labkit sweep "${SHORT[@]}" --n-samples-per-prompt 8 --seed 1,2 \
       --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name sweep2 ;;
     sweep4_mps)
       cold; mps_on || { say "sweep4_mps: not run, no MPS server"; continue; }
-      job sweep4_mps 420 python -m labkit sweep "${SHORT[@]}" --n-samples-per-prompt 8 --seed 1,2,3,4 \
+      job sweep4_mps 420 python -m labkit sweep "${SHORT[@]}" --n-samples-per-prompt 8 --seed "${SWEEP_SEEDS:-1,2,3,4}" \
         --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name sweep4mps
       mps_off ;;
     bench_mps) job bench_mps 300 python benchmarks/bench_mps.py --workers 4 --batch 256 --steps 3000 \
