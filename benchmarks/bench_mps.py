@@ -11,8 +11,9 @@ projections and the MLP, then the vocabulary head) at --batch rows, one step cap
 CUDA graph as vLLM captures its decode, random bfloat16 weights. Workers start together
 (a file each says it is ready, one file says go); each reports its own time. The row gives
 the wall time of the group and each worker's steps a second, for 1 worker alone, N without
-MPS, and N with MPS (its server started with a private pipe folder, quit at the end; a
-process without that folder's variable never reaches it).
+MPS, and N with MPS (labkit.machine.mps.server: the server `labkit sweep --mps` starts, with a
+private pipe folder, quit at the end; a process without that folder's variable never reaches
+it).
 
     python benchmarks/bench_mps.py --workers 4 --batch 256 --steps 3000 --out bench_mps.jsonl
 """
@@ -122,34 +123,23 @@ def main() -> None:
         worker(args.batch, args.steps, Path(args.folder), args.worker, args.deadline)
         return
 
+    from labkit.machine import mps
+
     rows = []
-    base = dict(os.environ)
-    for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
-        base.pop(key, None)
+    base = {k: v for k, v in os.environ.items() if k not in (mps.PIPE_ENV, mps.LOG_ENV)}
     rows.append({"mps": False, **group(1, args, base, args.deadline)})
     rows.append({"mps": False, **group(args.workers, args, base, args.deadline)})
-    control = shutil.which("nvidia-cuda-mps-control")
-    if control is None:
-        rows.append({"mps": True, "error": "nvidia-cuda-mps-control not found"})
+    why = mps.missing()
+    if why:
+        rows.append({"mps": True, "error": why})
     else:
-        mps_dir = Path(tempfile.mkdtemp(prefix="mps-"))
-        env = dict(base, CUDA_MPS_PIPE_DIRECTORY=str(mps_dir / "pipe"),
-                   CUDA_MPS_LOG_DIRECTORY=str(mps_dir / "log"))
-        (mps_dir / "pipe").mkdir()
-        (mps_dir / "log").mkdir()
-        started = subprocess.run([control, "-d"], env=env, capture_output=True, text=True, timeout=30)
-        if started.returncode != 0:
-            rows.append({"mps": True, "error": f"daemon: exit {started.returncode} {started.stderr.strip()}"})
-        else:
-            try:
+        try:
+            with mps.server() as env:  # the server `labkit sweep --mps` starts
+                env = {**base, **env}
                 rows.append({"mps": True, **group(1, args, env, args.deadline)})
                 rows.append({"mps": True, **group(args.workers, args, env, args.deadline)})
-            finally:
-                subprocess.run([control], input="quit\n", env=env, capture_output=True, text=True,
-                               timeout=30)
-                log = mps_dir / "log" / "control.log"
-                if log.exists():
-                    rows[-1]["control_log_tail"] = log.read_text()[-600:]
+        except mps.MPSError as e:
+            rows.append({"mps": True, "error": str(e)})
     for row in rows:
         row.update(batch=args.batch, steps=args.steps)
         print(json.dumps(row), flush=True)

@@ -514,14 +514,12 @@ def _side_by_side(slots: list[_Slot], stops: list[int], plan, mps: bool = False)
         return
     for s in todo:  # a bar of its own would only fill its log
         s.cfg = s.cfg.replace(progress=False)
-    if not mps:
-        _wait(todo, plan, stops)
-        return
     from labkit.machine.mps import server
 
-    with server() as env:
-        print("labkit: the runs share each GPU through an MPS server of this sweep's own",
-              flush=True)
+    with server() if mps else contextlib.nullcontext({}) as env:
+        if env:
+            print("labkit: the runs share each GPU through an MPS server of this sweep's own",
+                  flush=True)
         _wait(todo, plan, stops, env)
 
 

@@ -15,17 +15,17 @@
 #   solo_kv8        one run alone with the settings a sweep gives each run (fixed 8 GiB KV
 #                   cache, no sleep): its whole-GPU memory is one run's share
 #   sweep4, sweep2  4 and 2 recipe runs side by side (`labkit sweep`, seeds 1-4 / 1-2); sweep4 cold
-#   sweep4_mps      sweep4 with NVIDIA MPS (a server of its own, started and quit here), cold
+#   sweep4_mps      sweep4 with NVIDIA MPS (`labkit sweep --mps`), cold
 #   lesson_sweep    lesson 1.3's GPU cell: 4, 8 and 16 answers side by side, 24 steps, held-out
 #                   accuracy at both ends, cold: an earlier job's start result and vLLM's compile
 #                   cache are set aside first (LESSON_EXTRA: flags added to it)
-#   lesson_mps      the same under NVIDIA MPS (a server of its own, started and quit here)
+#   lesson_mps      the same with NVIDIA MPS (`labkit sweep --mps`)
 #   study           the group-size study as one command: `labkit sweep --rm-type math
 #                   --n-samples-per-prompt 4,8,16 --seed 1,2,3` (nine recipe runs, 24 steps,
 #                   held-out accuracy and each problem's outcome at both ends), as many at once
 #                   as the memory plan seats, the longest first (STUDY_EXTRA: flags added)
 #   bench_mps       4 processes decoding side by side (Qwen2.5-0.5B's shapes, CUDA graphs), without
-#                   and with NVIDIA MPS (benchmarks/bench_mps.py: its own server, quit at the end)
+#                   and with NVIDIA MPS (benchmarks/bench_mps.py: the server `labkit sweep --mps` starts)
 #   update_probe    the update alone, one process and 4 side by side (update_side_by_side.sh)
 #   update_kernels  the update alone (recipe's architecture, random weights), plain at 12,288 tokens
 #                   and checkpointed at 24,576: labkit's layers and liger-kernel's
@@ -94,19 +94,6 @@ cold() {  # the next job as a first sweep on the machine: an earlier start resul
   mv "$SOLO/runs/.start" "$SOLO/runs/.start-$stamp" 2>/dev/null
   mv "$HOME/.cache/vllm" "$HOME/.cache/vllm-$stamp" 2>/dev/null
 }
-mps_on() {  # NVIDIA MPS for the next job's processes: a server of its own (pipe folder in $SOLO)
-  export CUDA_MPS_PIPE_DIRECTORY=$SOLO/mps/pipe CUDA_MPS_LOG_DIRECTORY=$SOLO/mps/log
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d >> "$L/mps.log" 2>&1; local rc=$?; say "mps daemon: exit $rc"
-  [ "$rc" = 0 ] || unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-  return "$rc"
-}
-mps_off() {
-  echo quit | timeout 30 nvidia-cuda-mps-control >> "$L/mps.log" 2>&1; say "mps daemon quit: exit $?"
-  cp "$CUDA_MPS_LOG_DIRECTORY"/* "$L/" 2>/dev/null
-  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-}
-
 RECIPE=(--rollout-batch-size 32 --n-samples-per-prompt 8 --global-batch-size 256 --rm-type math
         --rollout-max-response-len 1024 --lr 1e-6 --seed 1 --num-rollout 24 --no-progress
         --save-interval -1 --engine vllm --rollout-gpu-memory-fraction 0.5)
@@ -138,15 +125,12 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       --global-batch-size 256 --seed 1 --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name solo-kv8 \
       --rollout-kv-cache-gb 8 --no-rollout-sleep --rollout-gpu-memory-fraction 0.125 \
       --max-tokens-per-gpu "${SHARED_TOKENS:-6144}" ;;
-    sweep4) cold; job sweep4 420 python -m labkit sweep "${SHORT[@]}" --n-samples-per-prompt 8 --seed "${SWEEP_SEEDS:-1,2,3,4}" \
-      --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name sweep4 ;;
+    sweep4|sweep4_mps)  # the same sweep, each cold; sweep4_mps with `labkit sweep --mps`
+      cold
+      job "$j" 420 python -m labkit sweep "${SHORT[@]}" --n-samples-per-prompt 8 --seed "${SWEEP_SEEDS:-1,2,3,4}" \
+        --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name "${j/_/}" $([ "$j" = sweep4_mps ] && echo --mps) ;;
     sweep2) job sweep2 360 python -m labkit sweep "${SHORT[@]}" --n-samples-per-prompt 8 --seed 1,2 \
       --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name sweep2 ;;
-    sweep4_mps)
-      cold; mps_on || { say "sweep4_mps: not run, no MPS server"; continue; }
-      job sweep4_mps 420 python -m labkit sweep "${SHORT[@]}" --n-samples-per-prompt 8 --seed "${SWEEP_SEEDS:-1,2,3,4}" \
-        --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name sweep4mps
-      mps_off ;;
     bench_mps) job bench_mps 300 python benchmarks/bench_mps.py --workers 4 --batch 256 --steps 3000 \
       --out "$L/bench_mps.jsonl" ;;
     update_probe) job update_probe 420 env OUT="$L/update" N=4 BUDGET=12288 EXPANDABLE=1 LIGER=1 \
@@ -173,12 +157,10 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
         --seed "$seeds" --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name "$j" ;;
     lesson_sweep|lesson_mps)  # cold, as a first sweep on the machine: no start result, no vLLM compile cache
       cold
-      name=lesson && [ "$j" = lesson_mps ] && name=lessonmps
-      [ "$j" = lesson_mps ] && ! mps_on && { say "lesson_mps: not run, no MPS server"; continue; }
       job "$j" 600 python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
         --seed "${LESSON_SEED:-11}" --lr 1e-6 --engine vllm --save-interval -1 --no-progress --model "$M" \
-        --data "$D" --output-dir "$SOLO/runs" --run-name "$name" ${LESSON_EXTRA:-}
-      [ "$j" = lesson_mps ] && mps_off ;;
+        --data "$D" --output-dir "$SOLO/runs" --run-name "$(j=${j/_sweep/}; echo "${j/_/}")" ${LESSON_EXTRA:-} \
+        $([ "$j" = lesson_mps ] && echo --mps) ;;
     study) job study "${STUDY_LIMIT:-1500}" python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
       --seed 1,2,3 --save-interval -1 --no-progress --model "$M" --data "$D" --output-dir "$SOLO/runs" \
       --run-name study ${STUDY_EXTRA:-} ;;
