@@ -20,6 +20,8 @@
 #                   accuracy at both ends, cold: an earlier job's start result and vLLM's compile
 #                   cache are set aside first (LESSON_EXTRA: flags added to it)
 #   lesson_mps      the same with NVIDIA MPS (`labkit sweep --mps`)
+#   lesson_mps_overlap
+#                   the same with MPS and --overlap-rollout (each run trains one step off-policy)
 #   study           the group-size study as one command: `labkit sweep --rm-type math
 #                   --n-samples-per-prompt 4,8,16 --seed 1,2,3` (nine recipe runs, 24 steps,
 #                   held-out accuracy and each problem's outcome at both ends), as many at once
@@ -155,12 +157,12 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       alloc=$([ "$j" = side4p ] && echo expandable_segments:False)
       job "$j" 480 env ${alloc:+PYTORCH_CUDA_ALLOC_CONF=$alloc} python -m labkit sweep "${SHORT[@]}" \
         --seed "$seeds" --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name "$j" ;;
-    lesson_sweep|lesson_mps)  # cold, as a first sweep on the machine: no start result, no vLLM compile cache
-      cold
+    lesson_sweep|lesson_mps|lesson_mps_overlap)  # cold, as a first sweep on the machine: no start
+      cold                                        # result, no vLLM compile cache
       job "$j" 600 python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
         --seed "${LESSON_SEED:-11}" --lr 1e-6 --engine vllm --save-interval -1 --no-progress --model "$M" \
-        --data "$D" --output-dir "$SOLO/runs" --run-name "$(j=${j/_sweep/}; echo "${j/_/}")" ${LESSON_EXTRA:-} \
-        $([ "$j" = lesson_mps ] && echo --mps) ;;
+        --data "$D" --output-dir "$SOLO/runs" --run-name "$(j=${j/_sweep/}; echo "${j//_/}")" ${LESSON_EXTRA:-} \
+        $([ "$j" != lesson_sweep ] && echo --mps) $([ "$j" = lesson_mps_overlap ] && echo --overlap-rollout) ;;
     study) job study "${STUDY_LIMIT:-1500}" python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
       --seed 1,2,3 --save-interval -1 --no-progress --model "$M" --data "$D" --output-dir "$SOLO/runs" \
       --run-name study ${STUDY_EXTRA:-} ;;
