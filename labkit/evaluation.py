@@ -203,9 +203,12 @@ def log_evaluation(s, trained_steps: int, bar=None) -> dict | None:
     """Evaluate the session's policy (labkit.session.Session) after `trained_steps` steps on
     its held-out problems and append the row to eval.jsonl. The run's first evaluation fixes
     how many problems (fix_size). The starting model's result is computed once per process
-    for the same model and problems (a rerun in a notebook need not wait for it). Returns the
-    row, or None when there are no problems. A stop ends it between two tokens (or two layers):
-    said in one line, nothing logged, EvaluationStopped raised."""
+    for the same model and problems (a rerun in a notebook need not wait for it), and once
+    per sweep (labkit.run.start_results): a run the sweep did not name to compute it, finding
+    it not yet written, trains on and logs it before its next evaluation (s.start_owed).
+    Returns the row, or None when there are no problems or the start's result is owed. A
+    stop ends it between two tokens (or two layers): said in one line, nothing logged,
+    EvaluationStopped raised."""
 
     say = bar.say if bar is not None else _print
     stopping = lambda: s.stopper is not None and s.stopper.stop_requested  # noqa: E731
@@ -218,6 +221,8 @@ def log_evaluation(s, trained_steps: int, bar=None) -> dict | None:
         if not s.eval_problems:
             return None
         ids = [encode_prompt(s, p) for p in s.eval_problems]
+        if trained_steps > 0 and s.start_owed:
+            _log_owed_start(s, ids, say, stopping)
         measured = s.engine.name in MEASURED_ENGINES
         teller = Teller(len(s.eval_problems), s.cfg, say if first_time and measured and not first
                         else None, stopping)
@@ -233,9 +238,14 @@ def log_evaluation(s, trained_steps: int, bar=None) -> dict | None:
         if trained_steps == 0:
             key = ("eval", s.policy_key, s.engine.name, tuple(p.id for p in s.eval_problems),
                    s.cfg.rollout_max_response_len, s.cfg.dtype)
-            file_key = start_results.key_of("eval", s.policy_key, s.engine.name, ids,
-                                            s.cfg.rollout_max_response_len, list(s.stop_ids),
-                                            s.cfg.dtype)
+            file_key = _start_key(s, ids)
+            evaluator = start_results.evaluator()
+            if (not first and evaluator not in (None, s.cfg.run_name) and not keep.has_result(key)
+                    and not start_results.written(file_key)):
+                s.start_owed = True
+                say(f"labkit: run {evaluator} evaluates the starting model for this sweep; this "
+                    f"run trains on and logs that result before its next evaluation")
+                return None
 
             def once_in_the_sweep() -> dict:
                 nonlocal by
@@ -254,6 +264,31 @@ def log_evaluation(s, trained_steps: int, bar=None) -> dict | None:
     finally:
         if bar is not None:
             bar.evaluated()
+    return _log_row(s, trained_steps, row, reused, by, say)
+
+
+def _start_key(s, ids: list[list[int]]) -> str:
+    """The file name of the starting model's result in the sweep's folder (start_results)."""
+    return start_results.key_of("eval", s.policy_key, s.engine.name, ids,
+                                s.cfg.rollout_max_response_len, list(s.stop_ids), s.cfg.dtype)
+
+
+def _log_owed_start(s, ids, say, stopping) -> None:
+    """Log the starting model's result that the sweep's evaluator wrote (waiting while it
+    still computes), before a later evaluation; say so in one line where none was written:
+    this run has trained since and cannot compute it."""
+    row, by = start_results.read_when_free(_start_key(s, ids), stopping=stopping)
+    s.start_owed = False
+    if row is None:
+        say(f"labkit: no held-out result for the starting model: run "
+            f"{start_results.evaluator() or 'of the sweep'} wrote none (it stopped or failed "
+            f"first), so this run's before-and-after has no before")
+        return
+    _log_row(s, 0, row, True, by, say)
+
+
+def _log_row(s, trained_steps: int, row: dict, reused: bool, by: str | None, say) -> dict:
+    """Append an evaluation's row and per-problem outcomes to the run log; say it in one line."""
     row = {**row, "eval/trained_steps": trained_steps, "eval/reused": reused, "time/end": time.time()}
     found = row.pop("outcomes")
     s.log.append_eval(row, outcome_row(trained_steps, eval_name(s.eval_problems),

@@ -70,6 +70,7 @@ class Session:
     policy_key: tuple = ()  # what the kept policy is (its starting-point results are cached)
     train_stream: object = None  # --overlap-rollout on a GPU: the update's CUDA stream
     eval_size_fixed: bool = False  # the held-out problems are cut to the run's size (evaluation)
+    start_owed: bool = False  # the starting model's result is another run's, logged later (evaluation)
 
 
 def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
@@ -204,6 +205,9 @@ def _say_startup(startup: dict, policy_reused: bool, engine_reused: bool) -> Non
     inner = [f"{label} {startup[key]:.1f} s" for label, key in
              (("compile", "perf/startup_compile_time"), ("CUDA graphs", "perf/startup_cuda_graph_time"))
              if key in startup]
+    if "perf/startup_llm_time" in startup:  # vLLM: its import, then its LLM, where the rest is
+        inner = [f"import {startup.get('perf/startup_import_time', 0.0):.1f} s",
+                 f"LLM {startup['perf/startup_llm_time']:.1f} s" + (f" ({', '.join(inner)})" if inner else "")]
     if inner:
         parts[-1] += f": {', '.join(inner)}"
     print(f"labkit: ready in {total:.1f} s ({'; '.join(parts)})", flush=True)

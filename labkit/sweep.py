@@ -595,6 +595,7 @@ def _wait(todo: list[_Slot], plan, stops: list[int], extra_env: dict | None = No
     wait itself fail, the runs are stopped after their step, not left running unseen."""
     order = longest_first([s.cfg for s in todo]) if plan.shape is not None else range(len(todo))
     waiting = [todo[k] for k in order]
+    extra_env = dict(extra_env or {})
     board = _Board(todo, plan.several)
     forwarded = 0
     try:
@@ -624,12 +625,14 @@ def _wait(todo: list[_Slot], plan, stops: list[int], extra_env: dict | None = No
             _said_how_it_ended(s)
 
 
-def _start_seated(waiting: list[_Slot], todo: list[_Slot], plan,
-                  extra_env: dict | None = None) -> None:
+def _start_seated(waiting: list[_Slot], todo: list[_Slot], plan, extra_env: dict) -> None:
     """Start waiting runs, in order, where the plan has a seat and room for each (Plan.place:
-    a later, smaller run may start where an earlier one does not fit yet)."""
+    a later, smaller run may start where an earlier one does not fit yet). The first runs
+    seated name the sweep's start evaluator in `extra_env` (start_evaluator), before any of
+    them starts, for every run of the sweep."""
+    seated = []
     for s in list(waiting):
-        running = [(r.gpu, r.cfg) for r in todo if _running(r)]
+        running = [(r.gpu, r.cfg) for r in todo if _running(r) or r in seated]
         placed = plan.place(s.cfg, running, resumed=s.resume_dir is not None)
         if placed is None:
             if not running:  # the plan checked that each run fits alone: never here, but say it
@@ -639,11 +642,27 @@ def _start_seated(waiting: list[_Slot], todo: list[_Slot], plan,
         waiting.remove(s)
         gpu, s.cfg = placed
         s.gpu = gpu.id
+        seated.append(s)
+    chosen = start_evaluator(seated)
+    if chosen is not None:
+        extra_env.setdefault(start_results.EVALUATOR_ENV, chosen)
+    for s in seated:
         try:
-            s.proc = _start(s, s.resume_dir, gpu.id, extra_env)
+            s.proc = _start(s, s.resume_dir, s.gpu, extra_env)
             s.outcome = "running"
         except OSError as e:  # no process for this run (a full disk, too many processes)
             s.fail(f"could not start its process ({e.strerror or e})")
+
+
+def start_evaluator(seated: list[_Slot]) -> str | None:
+    """Of runs started together, the one that evaluates the starting model for the sweep
+    (labkit.run.start_results): a fresh run, the one with the fewest answers a step (its steps
+    are the shortest, so the wait costs the sweep least); None when none starts fresh."""
+    fresh = [s for s in seated if s.resume_dir is None]
+    if not fresh:
+        return None
+    answers = lambda s: s.cfg.rollout_batch_size * s.cfg.n_samples_per_prompt  # noqa: E731
+    return min(reversed(fresh), key=answers).cfg.run_name  # ties: the last seated
 
 
 def _running(s: _Slot) -> bool:

@@ -97,6 +97,8 @@ def train(cfg: RunConfig, *, resume: str | Path | None = None, engine: Engine | 
                 stop = None  # why the run stops early ("<kind>: <detail>")
                 if evaluation_owed(log, s.cfg, first_step):  # the start's, or one a stop cut short
                     stop = held_out(s, first_step, bar)
+                elif first_step > 0 and evaluation_owed(log, s.cfg, 0):  # another run's, not read yet
+                    s.start_owed = True
                 for step in range(first_step, cfg.num_rollout):
                     stop = stop or stopper.should_stop()
                     if stop:

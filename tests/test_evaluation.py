@@ -449,3 +449,78 @@ def test_the_launch_s_last_line_leads_with_the_held_out_change_and_its_interval(
     assert main(["launch", *flags, "--eval-split-size", "0", "--run-name", "plain"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("reward ") and "held-out" not in last
+
+
+def _eval_rows_by_step(run):
+    return [(r["eval/trained_steps"], r) for r in eval_rows(run)]
+
+
+def test_a_run_the_sweep_did_not_name_trains_on_and_logs_the_start_later(tiny_cfg, monkeypatch, tmp_path,
+                                                                          capsys):
+    """A sweep names one run to evaluate the starting model; another run that finds no result
+    yet does not wait: it trains, and logs the evaluator's result before its last evaluation."""
+    from labkit import evaluation, trainer
+    from labkit.data import encode_prompt
+    from labkit.run import start_results
+
+    monkeypatch.setenv(start_results.FOLDER_ENV, str(tmp_path / ".start"))
+    monkeypatch.setenv(start_results.EVALUATOR_ENV, "smallest")
+    written = {}
+    real = trainer.update_policy
+
+    def update(s, rollout, adv, step):
+        if step == 0:  # the evaluator's result lands while this run trains, from the same start
+            ids = [encode_prompt(s, p) for p in s.eval_problems]
+            row = evaluation.evaluate(s.engine, ids, s.eval_problems, max_tokens=s.cfg.rollout_max_response_len,
+                                      stop_token_ids=s.stop_ids, autocast=s.autocast)
+            written.update(start_results.shared(evaluation._start_key(s, ids), lambda: row, who="smallest")[0])
+        return real(s, rollout, adv, step)
+
+    monkeypatch.setattr(trainer, "update_policy", update)
+    run = train(tiny_cfg.replace(eval_split_size=3, num_rollout=2, run_name="largest"))
+    rows = _eval_rows_by_step(run)
+    assert [steps for steps, _ in rows] == [0, 2]
+    start = rows[0][1]
+    assert start["eval/reused"] is True and start["eval/synthetic_test"] == written["eval/synthetic_test"]
+    assert rows[1][1]["eval/reused"] is False
+    out = capsys.readouterr().out
+    assert "run smallest evaluates the starting model for this sweep" in out
+    assert "held-out accuracy after 0 steps" in out and "already evaluated by run smallest" in out
+    assert out.index("after 0 steps") < out.index("after 2 steps")
+
+
+def test_a_start_the_evaluator_never_wrote_is_said_not_computed_after_training(tiny_cfg, monkeypatch,
+                                                                              tmp_path, capsys):
+    from labkit.run import start_results
+
+    monkeypatch.setenv(start_results.FOLDER_ENV, str(tmp_path / ".start"))
+    monkeypatch.setenv(start_results.EVALUATOR_ENV, "smallest")
+    run = train(tiny_cfg.replace(eval_split_size=3, num_rollout=2, run_name="largest"))
+    assert [steps for steps, _ in _eval_rows_by_step(run)] == [2]
+    assert "no held-out result for the starting model: run smallest wrote none" in capsys.readouterr().out
+
+
+def test_the_named_evaluator_computes_the_start_at_once(tiny_cfg, monkeypatch, tmp_path):
+    from labkit.run import start_results
+
+    monkeypatch.setenv(start_results.FOLDER_ENV, str(tmp_path / ".start"))
+    monkeypatch.setenv(start_results.EVALUATOR_ENV, "smallest")
+    run = train(tiny_cfg.replace(eval_split_size=3, num_rollout=1, run_name="smallest"))
+    rows = _eval_rows_by_step(run)
+    assert [steps for steps, _ in rows] == [0, 1] and rows[0][1]["eval/reused"] is False
+    assert len(list((tmp_path / ".start").glob("*.json"))) == 1
+
+
+def test_a_resumed_run_logs_the_start_it_still_owes(tiny_cfg, monkeypatch, tmp_path):
+    from labkit.run import start_results
+
+    monkeypatch.setenv(start_results.FOLDER_ENV, str(tmp_path / ".start"))
+    monkeypatch.setenv(start_results.EVALUATOR_ENV, "smallest")
+    cfg = tiny_cfg.replace(eval_split_size=3, num_rollout=1, save_interval=1)
+    largest = train(cfg.replace(run_name="largest"))  # the evaluator had written nothing yet
+    assert [steps for steps, _ in _eval_rows_by_step(largest)] == [1]
+    smallest = train(cfg.replace(run_name="smallest"))
+    resumed = train(cfg.replace(run_name="largest", num_rollout=2), resume=largest.dir)
+    rows = dict(_eval_rows_by_step(resumed))
+    assert sorted(rows) == [0, 1, 2] and rows[0]["eval/reused"] is True
+    assert rows[0]["eval/synthetic_test"] == dict(_eval_rows_by_step(smallest))[0]["eval/synthetic_test"]

@@ -80,3 +80,26 @@ def test_a_stop_ends_the_wait_and_a_failure_leaves_the_result_to_the_next(tmp_pa
     with pytest.raises(RuntimeError):
         start_results.shared("fresh", fails, who="a", where=tmp_path)
     assert start_results.shared("fresh", lambda: {"acc": 0.1}, who="b", where=tmp_path) == ({"acc": 0.1}, None)
+
+
+def test_a_later_reader_waits_while_the_result_is_computed_and_finds_none_where_none_was(tmp_path):
+    assert start_results.read_when_free("k", where=tmp_path / "absent") == (None, None)
+    assert not start_results.written("k", where=tmp_path)
+    started, go, out = threading.Event(), threading.Event(), {}
+    first = threading.Thread(target=_computing_run, args=(tmp_path, started, go, out))
+    first.start()
+    assert started.wait(DEADLINE_S)
+    assert not start_results.written("k", where=tmp_path)
+    reader = threading.Thread(target=lambda: out.update(read=start_results.read_when_free("k", where=tmp_path)))
+    reader.start()
+    go.set()
+    first.join(DEADLINE_S)
+    reader.join(DEADLINE_S)
+    assert out["read"] == ({"acc": 0.3}, "first") and start_results.written("k", where=tmp_path)
+    assert start_results.read_when_free("other", where=tmp_path) == (None, None)
+    with pytest.raises(Cancelled):
+        holder = open(tmp_path / "held.lock", "a+")
+        import fcntl
+
+        fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
+        start_results.read_when_free("held", where=tmp_path, stopping=lambda: True)

@@ -438,10 +438,11 @@ def test_after_a_second_stop_in_an_update_the_summary_advises_only_what_will_run
 
 
 def test_side_by_side_runs_evaluate_their_starting_model_once(tiny_cfg, capsys):
-    """Two runs as processes: one evaluates the start, the other reads its result (the same
-    problems, the same answers), each evaluates its own after."""
+    """Two runs as processes: the one with fewer answers a step evaluates the start, the other
+    reads its result (the same problems, the same answers), each evaluates its own after."""
     base = tiny_cfg.replace(num_rollout=1, eval_split_size=3, save_interval=0)
-    runs = sweep.launch_many([base.replace(run_name="a", seed=1), base.replace(run_name="b", seed=2)],
+    runs = sweep.launch_many([base.replace(run_name="a", seed=1),
+                              base.replace(run_name="b", seed=2, n_samples_per_prompt=2, global_batch_size=4)],
                              side_by_side=True)
     starts, afters = [], []
     for run in runs:
@@ -454,5 +455,15 @@ def test_side_by_side_runs_evaluate_their_starting_model_once(tiny_cfg, capsys):
     outcomes = [read_jsonl(run.dir / "eval_outcomes.jsonl")[0][0] for run in runs]
     assert outcomes[0]["right"] == outcomes[1]["right"] and outcomes[0]["ids"] == outcomes[1]["ids"]
     reader = [run for run, row in zip(runs, starts) if row["eval/reused"]][0]
-    other = ({"a", "b"} - {reader.dir.name}).pop()
-    assert f"already evaluated by run {other}" in (reader.dir.parent / f"{reader.dir.name}.log").read_text()
+    assert reader.dir.name == "a"
+    assert "already evaluated by run b" in (reader.dir.parent / "a.log").read_text()
+
+
+def test_of_runs_started_together_the_fewest_answers_a_step_evaluate_the_start(tiny_cfg):
+    slot = lambda name, n, resume=None: sweep._Slot(  # noqa: E731
+        tiny_cfg.replace(run_name=name, n_samples_per_prompt=n, global_batch_size=2 * n), resume_dir=resume)
+    assert sweep.start_evaluator([slot("n16", 16), slot("n4", 4), slot("n8", 8)]) == "n4"
+    assert sweep.start_evaluator([slot("s1", 8), slot("s2", 8)]) == "s2"
+    assert sweep.start_evaluator([slot("n4", 4, resume="runs/n4"), slot("n8", 8)]) == "n8"
+    assert sweep.start_evaluator([slot("n4", 4, resume="runs/n4")]) is None
+    assert sweep.start_evaluator([]) is None

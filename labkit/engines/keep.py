@@ -87,6 +87,11 @@ def starting_result(key: Hashable, compute: Callable[[], dict]) -> tuple[dict, b
     return result, False
 
 
+def has_result(key: Hashable) -> bool:
+    """Whether starting_result has the result under `key` already (the kept policy's)."""
+    return _kept is not None and key in _kept.evaluations
+
+
 def is_kept(engine: Engine) -> bool:
     """Whether `engine` is the kept one (a run must not close it)."""
     return _kept is not None and _kept.engine is engine

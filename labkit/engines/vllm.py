@@ -126,8 +126,11 @@ class VLLMEngine(Engine):
         enforce_eager: bool | None = None,
         kv_cache_gb: float | None = None,
     ):
+        started = time.perf_counter()
         self._vllm = import_vllm()
         from vllm.platforms import current_platform
+
+        imported = time.perf_counter() - started
 
         self.device = current_platform.device_type  # "cuda", "cpu", ...
         on_cpu = current_platform.is_cpu()
@@ -145,7 +148,7 @@ class VLLMEngine(Engine):
         self._asleep: set[str] = set()  # vLLM memory tags released by sleep, not yet back
         self._said: set[str] = set()
         self._dead: str | None = None
-        self.stats: dict[str, float] = {}
+        self.stats: dict[str, float] = {}  # start-up, rollout and sync seconds (startup_*: the run log's)
         self.max_model_len = max_model_len  # the trainer keeps prompts within it
         kwargs = dict(
             model=str(model_path), dtype=dtype, seed=seed, max_model_len=max_model_len,
@@ -175,6 +178,8 @@ class VLLMEngine(Engine):
             self.llm = self._vllm.LLM(**kwargs)
         self.stats.update(startup)
         self.stats["start_seconds"] = time.perf_counter() - start
+        self.stats["startup_import_seconds"] = imported
+        self.stats["startup_llm_seconds"] = self.stats["start_seconds"]
 
     # ------------------------------------------------------------------ rollouts
     def generate(

@@ -63,6 +63,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "perf/startup_data_time": ("s", "loading the problems"),
     "perf/startup_model_time": ("s", "finding, dequantizing (GGUF, once per machine) and loading the policy"),
     "perf/startup_engine_time": ("s", "starting the rollout engine (vLLM: load, compile, CUDA graphs, KV cache)"),
+    "perf/startup_import_time": ("s", "importing vLLM (part of perf/startup_engine_time)"),
+    "perf/startup_llm_time": ("s", "making vLLM's LLM: load, compile, CUDA graphs, KV cache (part of perf/startup_engine_time)"),
     "perf/startup_load_time": ("s", "vLLM's own model load (part of perf/startup_engine_time)"),
     "perf/startup_compile_time": ("s", "vLLM's torch.compile (part of perf/startup_engine_time)"),
     "perf/startup_cuda_graph_time": ("s", "vLLM's CUDA graph capture (part of perf/startup_engine_time)"),

@@ -16,6 +16,15 @@ next run then computes the result itself. A stop while waiting ends the wait (Ca
 Every run's before and after are then one evaluation of the start against its own after: a
 paired comparison across the sweep's runs has one "before" (greedy vLLM answers of two
 evaluations of one model differed on a problem or two in 1,319: 0.254 against 0.255).
+
+Only one run need wait for it. The sweep names one run the evaluator (EVALUATOR_ENV: of the
+runs it starts first, the one with the fewest answers a step, whose steps are the shortest)
+and the others do not wait for its result: a run that finds no result written yet trains on,
+and reads it before its next evaluation (`written`, `read_when_free`), when the evaluator has
+long finished. In lesson 1.3's sweep that keeps the 16-answer run, which sets the sweep's
+pace, from waiting 20 s for an evaluation by another run. A run that is not the evaluator
+never computes the start itself once it has trained: were the evaluator to die first, the
+run says that its start has no result.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from pathlib import Path
 from labkit.engines.base import Cancelled
 
 FOLDER_ENV = "LABKIT_START_RESULTS"
+EVALUATOR_ENV = "LABKIT_START_EVALUATOR"  # the run that computes the sweep's starting results
 POLL_S = 0.2  # how often a waiting run looks whether the lock is free (and for a stop)
 
 
@@ -37,6 +47,11 @@ def folder() -> Path | None:
     """The folder a sweep gave this run for its runs' shared starting results, or None."""
     found = os.environ.get(FOLDER_ENV)
     return Path(found) if found else None
+
+
+def evaluator() -> str | None:
+    """The run the sweep named to compute its starting results, or None (every run may)."""
+    return os.environ.get(EVALUATOR_ENV) or None
 
 
 def key_of(*parts) -> str:
@@ -66,6 +81,28 @@ def shared(key: str, compute: Callable[[], dict], *, who: str, stopping=lambda: 
         tmp.write_text(json.dumps({"by": who, "written": time.time(), "result": result}))
         os.replace(tmp, result_path)
         return result, None  # closing the file drops the lock
+
+
+def written(key: str, where: Path | None = None) -> bool:
+    """Whether the result under `key` is written in the sweep's folder (`where`, else folder())."""
+    where = where if where is not None else folder()
+    return where is not None and _read(where / f"{key}.json") is not None
+
+
+def read_when_free(key: str, *, stopping=lambda: False,
+                   where: Path | None = None) -> tuple[dict | None, str | None]:
+    """The result under `key`, read once no run holds its lock (one computing it has written
+    it then): (result, the run that computed it), or (None, None) when none was written.
+    Raises Cancelled when `stopping()` says so while waiting."""
+    where = where if where is not None else folder()
+    if where is None or not where.is_dir():
+        return None, None
+    with open(where / f"{key}.lock", "a+") as lock:
+        _wait_for(lock, stopping)
+        found = _read(where / f"{key}.json")
+    if found is None:
+        return None, None
+    return found["result"], str(found.get("by", "another run"))
 
 
 def _wait_for(lock, stopping) -> None:
