@@ -205,11 +205,11 @@ def main(argv=None) -> dict:
     longest = max(len(p) for p in prompts) + args.max_tokens
     engine = VLLMEngine(path, dtype=args.dtype, gpu_memory_fraction=args.gpu_memory_fraction,
                         seed=args.seed, max_model_len=longest)
-    print(f"engine     start {engine.stats['start_seconds']:.1f} s on {engine.device}, "
+    print(f"engine     start {engine.stats['startup_llm_seconds']:.1f} s on {engine.device}, "
           f"{engine.dtype}; " + ", ".join(f"{k} {v:.1f} s" for k, v in engine.stats.items()
                                           if k.startswith("startup_")), flush=True)
     result = {"machine": describe_machine(), "command": " ".join([sys.executable, *sys.argv]),
-              "config": vars(args), "engine_start_seconds": engine.stats["start_seconds"],
+              "config": vars(args), "engine_start_seconds": engine.stats["startup_llm_seconds"],
               "engine_stats": dict(engine.stats)}
     result["generation"] = bench_generation(engine, prompts, args)
     if not args.no_sync:

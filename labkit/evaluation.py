@@ -280,9 +280,9 @@ def _log_owed_start(s, ids, say, stopping) -> None:
     row, by = start_results.read_when_free(_start_key(s, ids), stopping=stopping)
     s.start_owed = False
     if row is None:
-        say(f"labkit: no held-out result for the starting model: run "
-            f"{start_results.evaluator() or 'of the sweep'} wrote none (it stopped or failed "
-            f"first), so this run's before-and-after has no before")
+        who = f"run {start_results.evaluator()}" if start_results.evaluator() else "the sweep's evaluator"
+        say(f"labkit: no held-out result for the starting model: {who} wrote none (it stopped "
+            f"or failed first), so this run's before-and-after has no before")
         return
     _log_row(s, 0, row, True, by, say)
 

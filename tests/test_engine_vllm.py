@@ -95,7 +95,7 @@ def engine(smollm2_folder):
     from labkit.engines.vllm import VLLMEngine
 
     eng = VLLMEngine(smollm2_folder, dtype="float32", seed=0, max_model_len=1024)
-    print(f"\nvLLM engine start: {eng.stats['start_seconds']:.1f} s")
+    print(f"\nvLLM engine start: {eng.stats['startup_llm_seconds']:.1f} s")
     yield eng
     eng.close()
 

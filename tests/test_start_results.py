@@ -97,9 +97,8 @@ def test_a_later_reader_waits_while_the_result_is_computed_and_finds_none_where_
     reader.join(DEADLINE_S)
     assert out["read"] == ({"acc": 0.3}, "first") and start_results.written("k", where=tmp_path)
     assert start_results.read_when_free("other", where=tmp_path) == (None, None)
-    with pytest.raises(Cancelled):
-        holder = open(tmp_path / "held.lock", "a+")
-        import fcntl
+    import fcntl
 
-        fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
+    with open(tmp_path / "held.lock", "a+") as holder, pytest.raises(Cancelled):
+        fcntl.flock(holder.fileno(), fcntl.LOCK_EX)  # another run computes "held"
         start_results.read_when_free("held", where=tmp_path, stopping=lambda: True)

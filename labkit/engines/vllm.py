@@ -177,9 +177,8 @@ class VLLMEngine(Engine):
         with capture_startup_log() as startup:
             self.llm = self._vllm.LLM(**kwargs)
         self.stats.update(startup)
-        self.stats["start_seconds"] = time.perf_counter() - start
+        self.stats["startup_llm_seconds"] = time.perf_counter() - start
         self.stats["startup_import_seconds"] = imported
-        self.stats["startup_llm_seconds"] = self.stats["start_seconds"]
 
     # ------------------------------------------------------------------ rollouts
     def generate(

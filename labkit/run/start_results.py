@@ -29,6 +29,7 @@ run says that its start has no result.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -70,17 +71,15 @@ def shared(key: str, compute: Callable[[], dict], *, who: str, stopping=lambda: 
     if where is None:
         return compute(), None
     where.mkdir(parents=True, exist_ok=True)
-    result_path = where / f"{key}.json"
-    with open(where / f"{key}.lock", "a+") as lock:
-        _wait_for(lock, stopping)
-        found = _read(result_path)  # under the lock: written whole, or not at all
+    with _locked(where, key, stopping) as found:
         if found is not None:
-            return found["result"], str(found.get("by", "another run"))
+            return found
         result = compute()
+        result_path = where / f"{key}.json"
         tmp = result_path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"by": who, "written": time.time(), "result": result}))
         os.replace(tmp, result_path)
-        return result, None  # closing the file drops the lock
+        return result, None  # leaving the block drops the lock
 
 
 def written(key: str, where: Path | None = None) -> bool:
@@ -97,12 +96,18 @@ def read_when_free(key: str, *, stopping=lambda: False,
     where = where if where is not None else folder()
     if where is None or not where.is_dir():
         return None, None
+    with _locked(where, key, stopping) as found:
+        return found or (None, None)
+
+
+@contextlib.contextmanager
+def _locked(where: Path, key: str, stopping):
+    """Hold the lock of `key`'s result (waiting while another run holds it); yield the result
+    written under it as (result, the run that computed it), or None."""
     with open(where / f"{key}.lock", "a+") as lock:
         _wait_for(lock, stopping)
-        found = _read(where / f"{key}.json")
-    if found is None:
-        return None, None
-    return found["result"], str(found.get("by", "another run"))
+        found = _read(where / f"{key}.json")  # under the lock: written whole, or not at all
+        yield None if found is None else (found["result"], str(found.get("by", "another run")))
 
 
 def _wait_for(lock, stopping) -> None:
