@@ -119,8 +119,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from labkit.engines.base import Sampling  # noqa: E402
+from labkit.engines.completions import build_requests  # noqa: E402
 from labkit.engines.weight_sync import sync_weights  # noqa: E402
-from labkit.serving.client import EventLog, RetryPolicy, RolloutClient, RolloutFailed, RouterUnavailable, build_requests  # noqa: E402
+from labkit.serving.client import EventLog, RetryPolicy, RolloutClient, RolloutFailed, RouterUnavailable  # noqa: E402
 from labkit.serving.cluster import SHED_LOAD_ROUTER_ARGS, Cluster, ServeConfig, router_command  # noqa: E402
 from labkit.serving.processes import check_ports_free, find_free_base_port, spawn, stop_groups, wait_healthy  # noqa: E402
 from labkit.serving.replay import read_events, replay  # noqa: E402

@@ -33,7 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from labkit.engines.base import Sampling  # noqa: E402
-from labkit.serving.client import EventLog, RetryPolicy, RolloutClient, RolloutFailed, build_requests, run_sync  # noqa: E402
+from labkit.engines.completions import build_requests  # noqa: E402
+from labkit.serving.client import EventLog, RetryPolicy, RolloutClient, RolloutFailed, run_sync  # noqa: E402
 from labkit.serving.cluster import SHED_LOAD_ROUTER_ARGS, Cluster, ServeConfig, vllm_python  # noqa: E402
 from labkit.serving.processes import find_free_base_port  # noqa: E402
 from labkit.serving.replay import replay, timeline  # noqa: E402

@@ -70,6 +70,41 @@ def test_flat_log_probs_are_read_without_per_token_objects():
     assert c.logprobs == [-0.25] and c.finish_reason == "length"
 
 
+@pytest.mark.parametrize("level", ["WARNING", "INFO"])
+def test_start_up_timings_are_read_and_printed_only_as_vllm_would(level):
+    """vLLM's logger (a stand-in: the logger of that name, with a console handler at
+    VLLM_LOGGING_LEVEL, as vLLM configures it): its start-up timings are collected either
+    way; its INFO lines reach the console only when the level asks for them."""
+    import io
+    import logging
+
+    from labkit.engines.vllm import capture_startup_log
+
+    log, console = logging.getLogger("vllm"), io.StringIO()
+    handler = logging.StreamHandler(console)
+    handler.setLevel(level)
+    before = log.level, log.propagate
+    log.addHandler(handler)
+    log.setLevel(level)
+    log.propagate = False
+    try:
+        with capture_startup_log() as found:
+            log.info("torch.compile took 17.4 s in total")
+            log.info("Graph capturing finished in 5 secs, took 0.11 GiB")
+            log.warning("a warning")
+        log.info("after the start: vLLM's own level again")
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(before[0])
+        log.propagate = before[1]
+    assert found == {"startup_compile_seconds": 17.4, "startup_cuda_graph_seconds": 5.0}
+    printed = console.getvalue()
+    assert "a warning" in printed
+    assert ("torch.compile took 17.4 s" in printed) == (level == "INFO")
+    assert ("after the start" in printed) == (level == "INFO")
+    assert handler.level == logging.getLevelName(level)  # given back as it was
+
+
 # ---------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="session")
 def smollm2_folder() -> str:

@@ -17,10 +17,11 @@ import pytest
 from aiohttp import web
 
 from labkit.engines.base import Sampling
+from labkit.engines.completions import build_requests, parse_completions
 from labkit.engines.fake_server import fake_answer
 from labkit.engines.http import HttpEngine
 from labkit.serving import client
-from labkit.serving.client import BadAnswer, RetryPolicy, build_requests, loads_answer, parse_completions
+from labkit.serving.client import BadAnswer, RetryPolicy, loads_answer
 
 
 def test_per_prompt_asks_each_prompts_answers_in_one_request():

@@ -104,8 +104,8 @@ def test_step_metrics_count_the_events_of_one_step_then_start_again():
 def test_served_vllm_engines_start_ready_for_the_weight_sync(tiny_model_dir):
     import importlib
 
-    from labkit.engines.served_sync import LOAD_WEIGHTS_METHOD, WORKER_EXTENSION
-    from labkit.serving.cluster import engine_command, engine_env
+    from labkit.engines.served_sync import LOAD_WEIGHTS_METHOD
+    from labkit.serving.cluster import WORKER_EXTENSION, engine_command, engine_env
 
     cfg = ServeConfig(backend="vllm", model=str(tiny_model_dir), vllm_python="python", dtype="float32")
     cmd = " ".join(engine_command(cfg, 8001))

@@ -75,6 +75,43 @@ def test_no_module_imports_itself_around_a_circle():
     assert cycle is None, "import circle: " + " -> ".join(cycle)
 
 
+def subpackage_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """Which sub-packages import which (any module of one, any module of the other)."""
+    subs = {module_name(p / "__init__.py", root) for p in root.iterdir() if (p / "__init__.py").exists()}
+
+    def subpackage(module: str) -> str | None:
+        head = ".".join(module.split(".")[:2])
+        return head if head in subs else None
+
+    graph: dict[str, set[str]] = {}
+    for name, targets in import_graph(root).items():
+        for target in targets:
+            a, b = subpackage(name), subpackage(target)
+            if a and b and a != b:
+                graph.setdefault(a, set()).add(b)
+    return graph
+
+
+def test_sub_packages_build_on_one_another_one_way():
+    """serving/ is the router and its client; engines/ builds on it, and so on: no two parts
+    of the system import each other, directly or around a circle."""
+    cycle = find_cycle(subpackage_graph())
+    assert cycle is None, "sub-packages import each other: " + " -> ".join(cycle)
+
+
+def test_the_sub_package_scan_sees_a_function_level_import(tmp_path):
+    pkg = tmp_path / "pkg"
+    for sub in ("low", "high"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "high" / "engine.py").write_text("from pkg.low.client import Client\n")
+    (pkg / "low" / "client.py").write_text("class Client:\n    pass\n")
+    assert find_cycle(subpackage_graph(pkg)) is None
+    (pkg / "low" / "client.py").write_text("def f():\n    from pkg.high import engine\n")
+    assert find_cycle(subpackage_graph(pkg)) == ["pkg.high", "pkg.low", "pkg.high"]
+
+
 def test_the_top_level_is_short():
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(top) <= TOP_LEVEL_MAX, f"{len(top)} modules at the top of labkit/: {top}"

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from labkit.engines.base import BetweenBatches, Completion, Engine, Sampling
+from labkit.engines.completions import build_requests, parse_completion, parse_completions
 from labkit.engines.sync_check import SyncCheck, fixed_token_ids
 from labkit.engines.weight_sync import (
     describe_folder,
@@ -37,9 +38,6 @@ from labkit.serving.client import (
     EventLog,
     RetryPolicy,
     RolloutClient,
-    build_requests,
-    parse_completion,
-    parse_completions,
     run_sync,
 )
 

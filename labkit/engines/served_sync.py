@@ -1,11 +1,11 @@
 """The engine side of the HTTP weight sync: a vLLM worker extension that loads a weights file.
 
 vLLM's server has no public endpoint that loads new weights from a file and then refreshes
-what it derived from them. `labkit serve` therefore starts each vLLM engine with
-`--worker-extension-cls` set to WORKER_EXTENSION (vLLM imports it by this dotted path in
-each worker, so the class must stay importable from here) and with its dev endpoints on;
-the trainer (labkit.engines.http) then calls LOAD_WEIGHTS_METHOD on every worker through
-`/collective_rpc`. This module imports nothing heavy at the top: labkit serve, the trainer
+what it derived from them. `labkit serve` therefore starts each vLLM engine with its dev
+endpoints on and `--worker-extension-cls` set to labkit.serving.cluster.WORKER_EXTENSION,
+this class's dotted path (vLLM imports it by that path in each worker, so the class must stay
+importable from here); the trainer (labkit.engines.http) then calls LOAD_WEIGHTS_METHOD on
+every worker through `/collective_rpc`. This module imports nothing heavy at the top: labkit serve, the trainer
 and the fake engine read its names without vLLM installed.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 
-WORKER_EXTENSION = "labkit.engines.served_sync.EngineWeightSync"
 LOAD_WEIGHTS_METHOD = "labkit_load_weights"  # the worker method /collective_rpc calls
 
 

@@ -396,16 +396,18 @@ class _StartupLog(logging.Handler):
 
 @contextlib.contextmanager
 def capture_startup_log():
-    """Collect vLLM's start-up timings (STARTUP_LINES) from its INFO log, printing none of it.
+    """Collect vLLM's start-up timings (STARTUP_LINES) from its INFO log, printing no more
+    of it than vLLM would.
 
     vLLM's logger does not propagate and its console handler follows VLLM_LOGGING_LEVEL
-    (WARNING here), so the logger is opened to INFO only while the engine starts, with the
-    console handlers held at their own level."""
+    (WARNING unless set), so the logger is opened to INFO only while the engine starts, with
+    the console handlers held at what the logger printed before: with VLLM_LOGGING_LEVEL=INFO
+    every start-up line still reaches the console."""
     log, found = logging.getLogger("vllm"), {}
-    handler, level = _StartupLog(found), log.level
+    handler, level, printed = _StartupLog(found), log.level, log.getEffectiveLevel()
     held = [(h, h.level) for h in log.handlers]
     for h, h_level in held:
-        h.setLevel(max(h_level, logging.WARNING))
+        h.setLevel(max(h_level, printed))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     try:

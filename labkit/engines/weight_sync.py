@@ -29,9 +29,10 @@ from pathlib import Path
 
 import aiohttp
 
-from labkit.engines.served_sync import LOAD_WEIGHTS_METHOD, WORKER_EXTENSION
+from labkit.engines.served_sync import LOAD_WEIGHTS_METHOD
 from labkit.errors import LabkitError
 from labkit.serving.client import RouterUnavailable
+from labkit.serving.cluster import WORKER_EXTENSION
 
 # A sync folder is `labkit-weights-<pid>-<random>`; the PID says whose it is.
 SYNC_FOLDER_PREFIX = "labkit-weights-"

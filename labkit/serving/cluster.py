@@ -41,8 +41,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from labkit.config import flag_field
-from labkit.engines.served_sync import WORKER_EXTENSION
 from labkit.serving.processes import Proc, ServeError, check_ports_free, group_members, spawn, stop_groups, wait_healthy
+
+# The class each served vLLM engine mixes into its worker (`--worker-extension-cls`) to load
+# the trainer's weights file: labkit.engines.served_sync, the engine side of the weight sync.
+# vLLM imports it by this path inside the engine, so starting engines imports no engine code.
+WORKER_EXTENSION = "labkit.engines.served_sync.EngineWeightSync"
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout this labkit runs from (or site-packages)
 
