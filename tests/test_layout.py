@@ -77,7 +77,7 @@ def test_no_module_imports_itself_around_a_circle():
 
 def subpackage_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
     """Which sub-packages import which (any module of one, any module of the other)."""
-    subs = {module_name(p / "__init__.py", root) for p in root.iterdir() if (p / "__init__.py").exists()}
+    subs = {f"{root.name}.{p.name}" for p in root.iterdir() if (p / "__init__.py").exists()}
 
     def subpackage(module: str) -> str | None:
         head = ".".join(module.split(".")[:2])

@@ -5,8 +5,8 @@ what it derived from them. `labkit serve` therefore starts each vLLM engine with
 endpoints on and `--worker-extension-cls` set to labkit.serving.cluster.WORKER_EXTENSION,
 this class's dotted path (vLLM imports it by that path in each worker, so the class must stay
 importable from here); the trainer (labkit.engines.http) then calls LOAD_WEIGHTS_METHOD on
-every worker through `/collective_rpc`. This module imports nothing heavy at the top: labkit serve, the trainer
-and the fake engine read its names without vLLM installed.
+every worker through `/collective_rpc`. This module imports nothing heavy at the top: the
+trainer and the fake engine read its names without vLLM installed.
 """
 
 from __future__ import annotations
