@@ -200,6 +200,18 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
     model.config.use_cache = False  # a KV cache is for generation, which runs in eval mode
 
 
+def compile_layers(model: torch.nn.Module) -> None:
+    """Compile each decoder layer of `model` in place with torch.compile, dynamic shapes
+    (`--torch-compile`). nn.Module.compile keeps the parameters' names, so the weight sync to
+    vLLM and checkpoints are unchanged; the LM head (labkit.logprobs' chunked one) stays out."""
+    layers = getattr(getattr(model, "base_model", None), "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ConfigError(f"--torch-compile: no decoder layers found in this model "
+                          f"({type(model).__name__} has no base_model.layers); drop the flag")
+    for layer in layers:
+        layer.compile(dynamic=True)
+
+
 # What --use-liger-kernel swaps in: the layers' kernels, not the loss (labkit.logprobs' head).
 LIGER_KERNELS = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
                      fused_linear_cross_entropy=False)

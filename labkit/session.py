@@ -26,6 +26,7 @@ from labkit.machine.allocator import keep_freed_memory
 from labkit.machine.cpuload import fit_threads
 from labkit.machine.heat import HeatGuard, make_guard
 from labkit.models import (
+    compile_layers,
     default_device,
     disable_dropout,
     enable_checkpointing,
@@ -90,7 +91,7 @@ def setup(cfg: RunConfig, log: RunLog, *, engine: Engine | None = None,
     path, liger = inputs.model_path, inputs.liger
     with timed(timers, "startup_weights"):
         tokenizer = load_tokenizer(path)
-        policy_key = (path, str(device), bool(cfg.gradient_checkpointing), liger)
+        policy_key = (path, str(device), bool(cfg.gradient_checkpointing), liger, cfg.torch_compile)
         policy, policy_reused = keep.take_policy(policy_key, lambda: _load_policy(cfg, path, device, liger))
     timers["startup_model"] += timers.pop("startup_weights")
     compute = pick_dtype(cfg.dtype, device)
@@ -163,6 +164,8 @@ def _load_policy(cfg: RunConfig, path: str, device, liger: bool) -> torch.nn.Mod
         enable_checkpointing(policy)
     if liger:
         use_liger_kernels(policy)
+    if cfg.torch_compile:
+        compile_layers(policy)
     return policy
 
 

@@ -363,7 +363,8 @@ def test_a_run_that_stopped_before_its_first_step_names_no_log_it_lacks(tmp_path
 
 # ----------------------------------------------------------------------------- the sweep's words
 NO_VALUE = ["--use-liger-kernel", "--no-use-liger-kernel", "--gradient-checkpointing", "--no-progress",
-            "--share-prompt", "--no-use-dynamic-batch-size", "--rollout-seed-each-answer"]
+            "--share-prompt", "--no-use-dynamic-batch-size", "--rollout-seed-each-answer",
+            "--torch-compile"]
 
 
 @pytest.mark.parametrize("flag", NO_VALUE)

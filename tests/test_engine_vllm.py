@@ -282,21 +282,27 @@ def test_update_weights_makes_engine_match_trainer(engine, trainer_model, smollm
 # ---------------------------------------------------------------------- the trainer
 @pytest.mark.vllm
 @requires_vllm
-def test_one_recipe_step_end_to_end_with_vllm(engine, tmp_path):
+@pytest.mark.parametrize("compiled", [False, True], ids=["plain", "torch_compile"])
+def test_one_recipe_step_end_to_end_with_vllm(engine, tmp_path, compiled):
+    """With --torch-compile too, over two steps: the compiled layers keep their names, so the
+    weight sync brings the trained weights to the engine (the second rollout's log-probs match
+    the trainer's)."""
     from labkit import RunConfig
     from labkit.trainer import train
 
-    cfg = RunConfig.preset("cpu", engine="vllm", num_rollout=1, rollout_max_response_len=16,
-                           n_samples_per_prompt=4, global_batch_size=16,
+    cfg = RunConfig.preset("cpu", engine="vllm", num_rollout=2 if compiled else 1, rollout_max_response_len=16,
+                           n_samples_per_prompt=4, global_batch_size=16, torch_compile=compiled,
                            output_dir=str(tmp_path), progress=False)
     run = train(cfg, engine=engine)  # the shared engine: one in-process vLLM per process
     row = run.metrics.iloc[0]
-    print(f"\none CPU step, 4 prompts x 4 answers: rollout {row['perf/rollout_time']:.1f} s, "
+    assert run.config["torch_compile"] is compiled
+    print(f"\none CPU step{' (layers compiled)' if compiled else ''}, 4 prompts x 4 answers: "
+          f"rollout {row['perf/rollout_time']:.1f} s, "
           f"sync {row['perf/update_weights_time']:.2f} s, step {row['perf/step_time']:.1f} s, "
           f"train/rollout log-prob diff {row['train/train_rollout_logprob_abs_diff']:.1e}")
     assert run.status["reason"] == "completed"
     assert row["rollout/n_samples_per_prompt"] == 4 and row["rollout/n_prompts"] == 4
-    assert row["train/train_rollout_logprob_abs_diff"] < 1e-3
+    assert (run.metrics["train/train_rollout_logprob_abs_diff"] < 1e-3).all()
     assert row["perf/update_weights_time"] > 0
 
 

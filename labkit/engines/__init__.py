@@ -32,11 +32,17 @@ def vllm_installed() -> bool:
 def check_engine(cfg: RunConfig) -> None:
     """Refuse (ConfigError, one line) an engine this machine cannot start before anything
     loads: --engine vllm where vLLM is not installed (the run found out only after loading the
-    policy, as an error it did not expect)."""
+    policy, as an error it did not expect); --torch-compile where the transformers engine
+    would generate through the compiled layers."""
     if cfg.rollout_mode == "colocate" and cfg.engine == "vllm" and not vllm_installed():
         from labkit.engines.vllm import INSTALL_HELP
 
         raise ConfigError(f"--engine vllm: {INSTALL_HELP}")
+    if cfg.torch_compile and cfg.rollout_mode == "colocate" and resolve_engine(cfg) == "hf":
+        raise ConfigError(
+            "--torch-compile compiles the policy's layers for the update, and the transformers "
+            "engine generates with those same layers (a recompilation for each new shape): use "
+            "it with --engine vllm or --rollout-mode http")
 
 
 # Flags only vLLM in the trainer's process reads: the transformers engine and the engines

@@ -70,6 +70,8 @@ IGNORED = {
                     "Megatron lays out its passes its own way",
     "use_liger_kernel": "kernels of labkit's update (the same loss to bf16 rounding); Megatron "
                         "fuses its own",
+    "torch_compile": "compilation of labkit's update (the same loss to float rounding); "
+                     "Megatron runs its own kernels",
     "skip_zero_advantage": "work labkit's update leaves out (answers whose loss and gradient "
                            "are 0); miles computes them, for the same step",
 }

@@ -493,7 +493,7 @@ def _refuse_existing_run(run_dir: Path) -> None:
 RESUMABLE = {"num_rollout", "time_limit", "progress", "output_dir", "run_name", "eval_interval",
              "save_interval", "n_logged_prompts", "heat_pause_c", "heat_resume_c",
              "router_url", "max_open_requests", "http_sync_check", "use_liger_kernel",
-             "skip_zero_advantage"}
+             "torch_compile", "skip_zero_advantage"}
 
 
 class Run:
