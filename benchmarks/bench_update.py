@@ -20,7 +20,8 @@ a real step does:
 * `checkpointed_<T>`: as `dynamic_<T>`, with gradient checkpointing (`--gradient-checkpointing`:
   each layer's activations recomputed in the backward pass); `shared_checkpointed_<T>` both.
 
-Each variant: one warm-up update, then --repeats timed ones (synchronised), the peak GPU
+Each variant: one warm-up update (`warmup_s`: with --compile, it pays the compilation for
+the variant's shapes), then --repeats timed ones (synchronised), the peak GPU
 memory of its updates, and the padded tokens its micro-batches hold. The update's time does
 not depend on the weights, so `--model random:qwen2.5-0.5b` builds the recipe's architecture
 with random weights (nothing to download or carry). Run it under an older checkout
@@ -114,7 +115,7 @@ def made_up_rollout(samples: int, vocab: int, max_len: int, seed: int, group: in
 
 def time_variant(model, optimizer, cfg, batch, *, separate_old: bool, autocast, repeats: int,
                  profile: bool = False):
-    seconds, spans, micro, padding = [], [], 0, None
+    seconds, spans, micro, padding, first = [], [], 0, None, None
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     for k in range(repeats + 1):  # the first is a warm-up
@@ -129,7 +130,9 @@ def time_variant(model, optimizer, cfg, batch, *, separate_old: bool, autocast, 
                                  autocast=autocast)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        if k:
+        if not k:
+            first = time.perf_counter() - start  # with --compile, the compilation is in it
+        else:
             seconds.append(time.perf_counter() - start)
             end = time.time()  # wall clock, to line up the updates of processes side by side
             spans.append((round(end - seconds[-1], 3), round(end, 3)))
@@ -151,6 +154,7 @@ def time_variant(model, optimizer, cfg, batch, *, separate_old: bool, autocast, 
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     return {"median_s": statistics.median(seconds), "runs_s": [round(s, 3) for s in seconds],
+            "warmup_s": round(first, 3),
             "micro_batches": micro, "padding_frac": padding, "peak_gpu_gib": peak, "peak_reserved_gib": reserved,
             "spans": spans}
 

@@ -22,6 +22,8 @@
 #   lesson_mps      the same with NVIDIA MPS (`labkit sweep --mps`)
 #   lesson_mps_overlap
 #                   the same with MPS and --overlap-rollout (each run trains one step off-policy)
+#   lesson_mps_compile
+#                   the same with MPS and --torch-compile (each decoder layer compiled for the update)
 #   study           the group-size study as one command: `labkit sweep --rm-type math
 #                   --n-samples-per-prompt 4,8,16 --seed 1,2,3` (nine recipe runs, 24 steps,
 #                   held-out accuracy and each problem's outcome at both ends), as many at once
@@ -42,6 +44,7 @@
 #                   each run a process with the sweep's memory plan (its runs get torch's
 #                   expandable segments); side4p is side4 with torch's plain allocator
 #   alone_full      alone with every answer through the update (--no-skip-zero-advantage)
+#   alone_compile   alone with each decoder layer compiled for the update (--torch-compile)
 #   alone_lean      one run alone as a shared run is set: checkpointed at 24,576 tokens, a fixed
 #                   8 GiB KV cache, no sleep mode (its whole-GPU memory is what one run needs)
 #   alone24         one run alone, plain update at 24,576 tokens a micro-batch
@@ -142,6 +145,8 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       --output-dir "$SOLO/runs" --run-name alone ;;
     alone_full) job alone_full 300 python -m labkit launch "${SHORT[@]}" --seed 21 --model "$M" --data "$D" \
       --output-dir "$SOLO/runs" --run-name alone-full --no-skip-zero-advantage ;;
+    alone_compile) job alone_compile 300 python -m labkit launch "${SHORT[@]}" --seed 21 --model "$M" --data "$D" \
+      --output-dir "$SOLO/runs" --run-name alone-compile --torch-compile ;;
     lessons) job lessons 1700 env LABKIT_PROFILE=gpu LABKIT_MODEL="$M" LABKIT_DATA="$D" \
       python scripts/gpu/lessons.py --out "$L/lessons" --stop-after "${LESSON_STOP_AFTER:-120}" ${LESSONS:-}
       for r in runs/*/; do  # the lessons' own runs (the repository's runs/): their light files
@@ -157,12 +162,13 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       alloc=$([ "$j" = side4p ] && echo expandable_segments:False)
       job "$j" 480 env ${alloc:+PYTORCH_CUDA_ALLOC_CONF=$alloc} python -m labkit sweep "${SHORT[@]}" \
         --seed "$seeds" --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name "$j" ;;
-    lesson_sweep|lesson_mps|lesson_mps_overlap)  # cold, as a first sweep on the machine: no start
+    lesson_sweep|lesson_mps|lesson_mps_overlap|lesson_mps_compile)  # cold, as a first sweep on the machine: no start
       cold                                        # result, no vLLM compile cache
       job "$j" 600 python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
         --seed "${LESSON_SEED:-11}" --lr 1e-6 --engine vllm --save-interval -1 --no-progress --model "$M" \
         --data "$D" --output-dir "$SOLO/runs" --run-name "$(j=${j/_sweep/}; echo "${j//_/}")" ${LESSON_EXTRA:-} \
-        $([ "$j" != lesson_sweep ] && echo --mps) $([ "$j" = lesson_mps_overlap ] && echo --overlap-rollout) ;;
+        $([ "$j" != lesson_sweep ] && echo --mps) $([ "$j" = lesson_mps_overlap ] && echo --overlap-rollout) \
+        $([ "$j" = lesson_mps_compile ] && echo --torch-compile) ;;
     study) job study "${STUDY_LIMIT:-1500}" python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
       --seed 1,2,3 --save-interval -1 --no-progress --model "$M" --data "$D" --output-dir "$SOLO/runs" \
       --run-name study ${STUDY_EXTRA:-} ;;
