@@ -198,14 +198,16 @@ class RunConfig:
         "head stays); a CUDA GPU and `pip install liger-kernel`. The recipe's checkpointed "
         "update alone on an H200 (24,576 tokens a micro-batch): 2.21 -> 1.84 s; its plain update "
         "inside a run alone: no faster (2.19, 2.23 s). auto: on where the update checkpoints "
-        "(runs that share a GPU) and liger-kernel imports on a CUDA GPU, else off", "training",
+        "(runs that share a GPU) and liger-kernel imports on a CUDA GPU, else off (and off with "
+        "--torch-compile)", "training",
     )
     torch_compile: bool = _f(
         False, "compile each decoder layer of the policy with torch.compile (dynamic shapes) for "
-        "the update; the LM head stays labkit's chunked one. The recipe's update alone on an H100 "
-        "(random weights, 256 answers): 2.22 -> 1.65 s at 12,288 tokens a micro-batch, 2.49 -> "
-        "1.84 s checkpointed at 24,576; the first steps pay the compilation, and no full run has "
-        "measured it yet. Needs --engine vllm (or auto on a GPU) or --rollout-mode http",
+        "the update; the LM head stays labkit's chunked one, liger-kernel's layers stay off "
+        "(torch.compile cannot trace them). On an H100, the recipe alone: update 1.47 -> 1.03 s "
+        "a step, after a first update of 29 s that compiles, so a 24-step run gains nothing; "
+        "lesson 1.3's sweep with --mps: 385 s against 375 s. Needs --engine vllm (or auto on a "
+        "GPU) or --rollout-mode http",
         "training",
     )
     share_prompt: bool = _f(
@@ -446,6 +448,11 @@ def check_config(cfg: RunConfig) -> None:
             f"--eps-clip-high {cfg.eps_clip_high} is below --eps-clip {cfg.eps_clip}: the ratio "
             f"would be clipped tighter above 1 than below (DAPO's clip-higher raises the upper "
             f"clip); use --eps-clip-high {cfg.eps_clip} or more")
+    if cfg.torch_compile and cfg.use_liger_kernel:
+        raise ConfigError(
+            "--torch-compile with --use-liger-kernel: torch.compile cannot trace liger-kernel's "
+            "RMSNorm (its own autograd function) and the update fails at its first pass; "
+            "compiled layers fuse those operations themselves: drop one of the two flags")
     if cfg.heat_resume_c > cfg.heat_pause_c:
         raise ConfigError(
             f"--heat-resume-c {cfg.heat_resume_c} is above --heat-pause-c {cfg.heat_pause_c}; "

@@ -268,7 +268,8 @@ def final_checkpoint(s: Session, reason: str, last: int, saves: SavePolicy,
     A run that a failed write ended (a checkpoint, a log line) does not try: the disk that was
     full still is."""
     if s.phase in ("train", "sync"):  # the policy is ahead of the log
-        during = "the optimizer step" if s.phase == "train" else "the step that was not logged"
+        during = ("the update (its passes and optimizer steps)" if s.phase == "train"
+                  else "the step that was not logged")
         return (f"; the failure came during {during}, so the policy was not saved: "
                 + resume_note(s.log.dir))
     if isinstance(error, WriteFailed):  # the disk that was full still is: not tried again

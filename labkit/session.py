@@ -173,8 +173,10 @@ def liger_kernels(cfg: RunConfig, device, path: str) -> bool:
     """Whether the policy takes liger-kernel's kernels: --use-liger-kernel (refused in one
     line where they cannot run), or auto: where the update checkpoints, on a CUDA GPU with
     liger-kernel installed, for a model family it has kernels for (measured faster there;
-    the plain update was not)."""
-    if cfg.use_liger_kernel is False or (cfg.use_liger_kernel is None and not cfg.gradient_checkpointing):
+    the plain update was not). auto is off where the layers are compiled (--torch-compile):
+    torch.compile cannot trace liger-kernel's RMSNorm."""
+    if cfg.use_liger_kernel is False or (cfg.use_liger_kernel is None and
+                                          (not cfg.gradient_checkpointing or cfg.torch_compile)):
         return False
     try:
         patches = liger_patches(device)

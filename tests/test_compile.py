@@ -103,3 +103,19 @@ def test_the_policy_is_loaded_with_its_layers_compiled(tiny_model_dir):
     assert all(layer._compiled_call_impl is not None for layer in policy.base_model.layers)
     plain = _load_policy(cfg.replace(torch_compile=False), str(tiny_model_dir), torch.device("cpu"), liger=False)
     assert all(layer._compiled_call_impl is None for layer in plain.base_model.layers)
+
+
+def test_liger_kernels_are_refused_beside_it_in_one_line_and_auto_leaves_them_off(monkeypatch):
+    """torch.compile cannot trace liger-kernel's RMSNorm (an H100 run failed at its first
+    update): asked for together they are refused, and auto does not turn liger on."""
+    from labkit import session
+    from labkit.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--torch-compile with --use-liger-kernel"):
+        config_from_args(["--torch-compile", "--use-liger-kernel"], env={})
+    # a machine where liger-kernel would be taken: CUDA, installed, a family it patches
+    monkeypatch.setattr(session, "liger_patches", lambda device: {"rms_norm": True})
+    monkeypatch.setattr(session, "liger_family", lambda path, patches: True)
+    shared = RunConfig(gradient_checkpointing=True)  # as a run that shares a GPU is set
+    assert session.liger_kernels(shared, "cuda", "qwen") is True
+    assert session.liger_kernels(shared.replace(torch_compile=True), "cuda", "qwen") is False

@@ -283,7 +283,7 @@ def test_update_weights_makes_engine_match_trainer(engine, trainer_model, smollm
 @pytest.mark.vllm
 @requires_vllm
 @pytest.mark.parametrize("compiled", [False, True], ids=["plain", "torch_compile"])
-def test_one_recipe_step_end_to_end_with_vllm(engine, tmp_path, compiled):
+def test_one_recipe_step_end_to_end_with_vllm(engine, trainer_model, tmp_path, compiled):
     """With --torch-compile too, over two steps: the compiled layers keep their names, so the
     weight sync brings the trained weights to the engine (the second rollout's log-probs match
     the trainer's)."""
@@ -293,7 +293,11 @@ def test_one_recipe_step_end_to_end_with_vllm(engine, tmp_path, compiled):
     cfg = RunConfig.preset("cpu", engine="vllm", num_rollout=2 if compiled else 1, rollout_max_response_len=16,
                            n_samples_per_prompt=4, global_batch_size=16, torch_compile=compiled,
                            output_dir=str(tmp_path), progress=False)
-    run = train(cfg, engine=engine)  # the shared engine: one in-process vLLM per process
+    engine.update_weights(trainer_model)  # the shared engine starts from the checkpoint, as the run
+    try:
+        run = train(cfg, engine=engine)  # the shared engine: one in-process vLLM per process
+    finally:
+        engine.update_weights(trainer_model)  # the trained weights stay with this test
     row = run.metrics.iloc[0]
     assert run.config["torch_compile"] is compiled
     print(f"\none CPU step{' (layers compiled)' if compiled else ''}, 4 prompts x 4 answers: "
