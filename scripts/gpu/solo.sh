@@ -20,10 +20,12 @@
 #                   accuracy at both ends, cold: an earlier job's start result and vLLM's compile
 #                   cache are set aside first (LESSON_EXTRA: flags added to it)
 #   lesson_mps      the same with NVIDIA MPS (`labkit sweep --mps`)
+#   lesson_overlap  the same with --overlap-rollout, without MPS (each run trains one step off-policy)
 #   lesson_mps_overlap
 #                   the same with MPS and --overlap-rollout (each run trains one step off-policy)
 #   lesson_mps_compile
-#                   the same with MPS and --torch-compile (each decoder layer compiled for the update)
+#                   the same with MPS and --torch-compile (each decoder layer compiled for the update;
+#                   liger-kernel's layers off, as --torch-compile sets them)
 #   study           the group-size study as one command: `labkit sweep --rm-type math
 #                   --n-samples-per-prompt 4,8,16 --seed 1,2,3` (nine recipe runs, 24 steps,
 #                   held-out accuracy and each problem's outcome at both ends), as many at once
@@ -93,11 +95,12 @@ job() {  # job NAME LIMIT_S CMD...: run CMD with GPU memory sampled, log its exi
   say "$name peak GPU memory used $(sort -t, -k2 -n "$L/$name.gpu.csv" | tail -1 | cut -d, -f2)"
 }
 
-cold() {  # the next job as a first sweep on the machine: an earlier start result and vLLM's
-  local stamp  # compile cache set aside
-  stamp=$(date +%s)
+cold() {  # the next job as a first sweep on the machine: an earlier start result, vLLM's
+  local stamp ind  # compile cache and torch inductor's (--torch-compile) set aside
+  stamp=$(date +%s) ind=${TORCHINDUCTOR_CACHE_DIR:-/tmp/torchinductor_$(whoami)}
   mv "$SOLO/runs/.start" "$SOLO/runs/.start-$stamp" 2>/dev/null
   mv "$HOME/.cache/vllm" "$HOME/.cache/vllm-$stamp" 2>/dev/null
+  mv "$ind" "$ind-$stamp" 2>/dev/null
 }
 RECIPE=(--rollout-batch-size 32 --n-samples-per-prompt 8 --global-batch-size 256 --rm-type math
         --rollout-max-response-len 1024 --lr 1e-6 --seed 1 --num-rollout 24 --no-progress
@@ -162,13 +165,16 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       alloc=$([ "$j" = side4p ] && echo expandable_segments:False)
       job "$j" 480 env ${alloc:+PYTORCH_CUDA_ALLOC_CONF=$alloc} python -m labkit sweep "${SHORT[@]}" \
         --seed "$seeds" --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name "$j" ;;
-    lesson_sweep|lesson_mps|lesson_mps_overlap|lesson_mps_compile)  # cold, as a first sweep on the machine: no start
-      cold                                        # result, no vLLM compile cache
+    lesson_sweep|lesson_mps|lesson_overlap|lesson_mps_overlap|lesson_mps_compile)
+      cold  # as a first sweep on the machine: no start result, no compile caches
+      flags=()  # the job's name says what it adds: mps, overlap, compile
+      [[ $j == *mps* ]] && flags+=(--mps)
+      [[ $j == *overlap* ]] && flags+=(--overlap-rollout)
+      [[ $j == *compile* ]] && flags+=(--torch-compile)
       job "$j" 600 python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
         --seed "${LESSON_SEED:-11}" --lr 1e-6 --engine vllm --save-interval -1 --no-progress --model "$M" \
-        --data "$D" --output-dir "$SOLO/runs" --run-name "$(j=${j/_sweep/}; echo "${j//_/}")" ${LESSON_EXTRA:-} \
-        $([ "$j" != lesson_sweep ] && echo --mps) $([ "$j" = lesson_mps_overlap ] && echo --overlap-rollout) \
-        $([ "$j" = lesson_mps_compile ] && echo --torch-compile) ;;
+        --data "$D" --output-dir "$SOLO/runs" --run-name "$(j=${j/_sweep/}; echo "${j//_/}")" "${flags[@]}" \
+        ${LESSON_EXTRA:-} ;;
     study) job study "${STUDY_LIMIT:-1500}" python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
       --seed 1,2,3 --save-interval -1 --no-progress --model "$M" --data "$D" --output-dir "$SOLO/runs" \
       --run-name study ${STUDY_EXTRA:-} ;;
