@@ -17,8 +17,8 @@
 #   sweep4, sweep2  4 and 2 recipe runs side by side (`labkit sweep`, seeds 1-4 / 1-2); sweep4 cold
 #   sweep4_mps      sweep4 with NVIDIA MPS (`labkit sweep --mps`), cold
 #   lesson_sweep    lesson 1.3's GPU cell: 4, 8 and 16 answers side by side, 24 steps, held-out
-#                   accuracy at both ends, cold: an earlier job's start result and vLLM's compile
-#                   cache are set aside first (LESSON_EXTRA: flags added to it)
+#                   accuracy at both ends, cold: an earlier job's start result, vLLM's and inductor's compile
+#                   caches are set aside first (LESSON_EXTRA: flags added to it)
 #   lesson_mps      the same with NVIDIA MPS (`labkit sweep --mps`)
 #   lesson_overlap  the same with --overlap-rollout, without MPS (each run trains one step off-policy)
 #   lesson_mps_overlap
@@ -102,6 +102,11 @@ cold() {  # the next job as a first sweep on the machine: an earlier start resul
   mv "$HOME/.cache/vllm" "$HOME/.cache/vllm-$stamp" 2>/dev/null
   mv "$ind" "$ind-$stamp" 2>/dev/null
 }
+alone() {  # alone JOB FLAGS...: the recipe as a user types it, seed 21, STEPS steps, one run on
+  local name=$1; shift  # the GPU, run folder named for the job (alone_full -> alone-full)
+  job "$name" 300 python -m labkit launch "${SHORT[@]}" --seed 21 --model "$M" --data "$D" \
+    --output-dir "$SOLO/runs" --run-name "${name//_/-}" "$@"
+}
 RECIPE=(--rollout-batch-size 32 --n-samples-per-prompt 8 --global-batch-size 256 --rm-type math
         --rollout-max-response-len 1024 --lr 1e-6 --seed 1 --num-rollout 24 --no-progress
         --save-interval -1 --engine vllm --rollout-gpu-memory-fraction 0.5)
@@ -144,22 +149,17 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
     update_probe) job update_probe 420 env OUT="$L/update" N=4 BUDGET=12288 EXPANDABLE=1 LIGER=1 \
       SOLO="--budgets 12288 --checkpointed 12288,24576,49152" LIGER_SOLO="--budgets 12288 --checkpointed 12288" \
       bash scripts/gpu/update_side_by_side.sh ;;
-    alone) job alone 300 python -m labkit launch "${SHORT[@]}" --seed 21 --model "$M" --data "$D" \
-      --output-dir "$SOLO/runs" --run-name alone ;;
-    alone_full) job alone_full 300 python -m labkit launch "${SHORT[@]}" --seed 21 --model "$M" --data "$D" \
-      --output-dir "$SOLO/runs" --run-name alone-full --no-skip-zero-advantage ;;
-    alone_compile) job alone_compile 300 python -m labkit launch "${SHORT[@]}" --seed 21 --model "$M" --data "$D" \
-      --output-dir "$SOLO/runs" --run-name alone-compile --torch-compile ;;
+    alone) alone alone ;;
+    alone_full) alone alone_full --no-skip-zero-advantage ;;
+    alone_compile) alone alone_compile --torch-compile ;;
     lessons) job lessons 1700 env LABKIT_PROFILE=gpu LABKIT_MODEL="$M" LABKIT_DATA="$D" \
       python scripts/gpu/lessons.py --out "$L/lessons" --stop-after "${LESSON_STOP_AFTER:-120}" ${LESSONS:-}
       for r in runs/*/; do  # the lessons' own runs (the repository's runs/): their light files
         [ -d "$r" ] && mkdir -p "$L/lessons/runs/$(basename "$r")" && cp "$r"/*.json "$r"/*.jsonl "$L/lessons/runs/$(basename "$r")/" 2>/dev/null
       done ;;
-    alone_lean) job alone_lean 300 python -m labkit launch "${SHORT[@]}" --seed 21 --model "$M" --data "$D" \
-      --output-dir "$SOLO/runs" --run-name alone-lean --gradient-checkpointing --max-tokens-per-gpu 24576 \
-      --rollout-kv-cache-gb 8 --no-rollout-sleep ;;
-    alone24) job alone24 300 python -m labkit launch "${SHORT[@]}" --seed 21 --model "$M" --data "$D" \
-      --output-dir "$SOLO/runs" --run-name alone24 --max-tokens-per-gpu 24576 ;;
+    alone_lean) alone alone_lean --gradient-checkpointing --max-tokens-per-gpu 24576 --rollout-kv-cache-gb 8 \
+      --no-rollout-sleep ;;
+    alone24) alone alone24 --max-tokens-per-gpu 24576 ;;
     side4|side3|side2|side4p)
       seeds=$(echo 21,22,23,24 | cut -d, -f1-"${j:4:1}")
       alloc=$([ "$j" = side4p ] && echo expandable_segments:False)
@@ -178,8 +178,7 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
     study) job study "${STUDY_LIMIT:-1500}" python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
       --seed 1,2,3 --save-interval -1 --no-progress --model "$M" --data "$D" --output-dir "$SOLO/runs" \
       --run-name study ${STUDY_EXTRA:-} ;;
-    alone16) job alone16 300 python -m labkit launch "${SHORT[@]}" --n-samples-per-prompt 16 \
-      --global-batch-size 512 --seed 21 --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name alone16 ;;
+    alone16) alone alone16 --n-samples-per-prompt 16 --global-batch-size 512 ;;
     http2|http1|http1d|burst503)
       if [ -f "$L/serve-failed" ]; then say "$j skipped: an earlier job's engines did not come up"; continue; fi ;;&
     http2|http1|http1d)
@@ -221,8 +220,7 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       done
       job update_compiled 200 "${UK[@]}" --compile --out "$L/update_compiled.json" ;;
     gpu_tests) job gpu_tests 240 python -m pytest -q -p no:cacheprovider -rs tests/test_liger.py ;;
-    alone_liger) job alone_liger 300 python -m labkit launch "${SHORT[@]}" --seed 21 --model "$M" --data "$D" \
-      --output-dir "$SOLO/runs" --run-name alone-liger --use-liger-kernel ;;
+    alone_liger) alone alone_liger --use-liger-kernel ;;
     side4_liger) job side4_liger 480 python -m labkit sweep "${SHORT[@]}" --seed 21,22,23,24 --model "$M" \
       --data "$D" --output-dir "$SOLO/runs" --run-name side4-liger --use-liger-kernel ;;
     none) say "no jobs: straight to the run queues" ;;
