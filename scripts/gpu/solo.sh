@@ -40,9 +40,10 @@
 #                   against the update without)
 #   alone_liger, side4_liger
 #                   alone and side4 with --use-liger-kernel
-#   alone, side4, side3, side2
+#   alone, side2 ... side6
 #                   the recipe as a user types it, STEPS steps, no evaluation: one run alone
-#                   (seed 21), then `labkit sweep --seed 21,22,23,24` (and the first 3, 2 seeds),
+#                   (seed 21), then `labkit sweep --seed 21,22,...` with 2 to 6 seeds (side6_mps and
+#                   the like: the same with --mps),
 #                   each run a process with the sweep's memory plan (its runs get torch's
 #                   expandable segments); side4p is side4 with torch's plain allocator
 #   alone_full      alone with every answer through the update (--no-skip-zero-advantage)
@@ -160,11 +161,12 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
     alone_lean) alone alone_lean --gradient-checkpointing --max-tokens-per-gpu 24576 --rollout-kv-cache-gb 8 \
       --no-rollout-sleep ;;
     alone24) alone alone24 --max-tokens-per-gpu 24576 ;;
-    side4|side3|side2|side4p)
-      seeds=$(echo 21,22,23,24 | cut -d, -f1-"${j:4:1}")
+    side[2-6]|side4p|side[2-6]_mps)
+      seeds=$(echo 21,22,23,24,25,26 | cut -d, -f1-"${j:4:1}")
       alloc=$([ "$j" = side4p ] && echo expandable_segments:False)
+      mps=$([[ $j == *_mps ]] && echo --mps)
       job "$j" 480 env ${alloc:+PYTORCH_CUDA_ALLOC_CONF=$alloc} python -m labkit sweep "${SHORT[@]}" \
-        --seed "$seeds" --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name "$j" ;;
+        --seed "$seeds" --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name "${j//_/-}" $mps ;;
     lesson_sweep|lesson_mps|lesson_overlap|lesson_mps_overlap|lesson_mps_compile)
       cold  # as a first sweep on the machine: no start result, no compile caches
       flags=()  # the job's name says what it adds: mps, overlap, compile
