@@ -316,10 +316,12 @@ def sweep(argv: list[str]) -> int:
                            flags=True)
     gpus = placement.parse_gpus(own["gpus"], "--gpus")
     if own["dry_run"]:  # the sweep's own checks (prepare_sweep): it refuses what the sweep would
-        sweepmod.prepare_sweep(configs, resume=own["resume"], hints=hints, gpus=gpus, mps=own["mps"])
+        sweepmod.prepare_sweep(configs, resume=own["resume"], hints=hints, gpus=gpus, mps=own["mps"],
+                               stagger_starts=own["stagger_starts"])
         print(_describe_sweep(configs, axes))
         return 0
-    slots = sweepmod.run_sweep(configs, resume=own["resume"], hints=hints, gpus=gpus, mps=own["mps"])
+    slots = sweepmod.run_sweep(configs, resume=own["resume"], hints=hints, gpus=gpus, mps=own["mps"],
+                               stagger_starts=own["stagger_starts"])
     return sweepmod.sweep_exit_code(slots)
 
 
@@ -336,6 +338,10 @@ def sweep_parser() -> argparse.ArgumentParser:
                      help="the runs that share a GPU reach an NVIDIA MPS server of the sweep's "
                           "own, so their kernels run at once instead of in turns (three 32 x 8 "
                           "runs on an H100: 7.8 s a step against 10.0); quit when the runs end")
+    own.add_argument("--stagger-starts", action="store_true",
+                     help="start the longest run alone and the others once it is ready to step, "
+                          "so that they take vLLM's compiled graphs from its cache instead of "
+                          "compiling them at once beside it")
     own.add_argument("--gpus", metavar="0,1",
                      help="the GPUs the runs may use, as nvidia-smi numbers them (also env "
                           "LABKIT_GPUS); default: every GPU this process sees "
@@ -354,7 +360,8 @@ def _sweep_words(argv: list[str]) -> tuple[list[str], dict, list[tuple[int, str]
     from labkit.config import flags_taking_values
 
     takes = flags_taking_values()
-    words, own, values, i = [], {"resume": False, "dry_run": False, "gpus": None, "mps": False}, [], 0
+    words, own, values, i = [], {"resume": False, "dry_run": False, "gpus": None, "mps": False,
+                                 "stagger_starts": False}, [], 0
     while i < len(argv):
         word = argv[i]
         flag, eq, value = word.partition("=")
@@ -367,7 +374,7 @@ def _sweep_words(argv: list[str]) -> tuple[list[str], dict, list[tuple[int, str]
         if flag == "--backend":
             raise ConfigError("--backend: the sweep trains with labkit itself; for miles, write "
                               "each run's script with labkit launch --backend miles")
-        if word in ("--resume", "--dry-run", "--mps"):
+        if word in ("--resume", "--dry-run", "--mps", "--stagger-starts"):
             if word == "--resume" and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
                 raise ConfigError(f"--resume takes no folder here ({argv[i + 1]!r}): it continues "
                                   f"the sweep's own runs (the same flags and --run-name); for one "

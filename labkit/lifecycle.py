@@ -29,6 +29,7 @@ from labkit.engines import keep
 from labkit.errors import LabkitError, one_line
 from labkit.evaluation import evaluation_due
 from labkit.machine import allocator
+from labkit.run import ready
 from labkit.run.checkpoint import (
     CheckpointWriteFailed,
     SavePolicy,
@@ -53,6 +54,7 @@ def start_run(cfg: RunConfig, log: RunLog, resume, first_step: int, **kw) -> Ses
     s = setup(cfg, log, **kw)
     log.keep_space()  # room for the status, should the disk fill
     s.first_step = restore(s, found) if resume is not None else 0
+    ready.say()  # a sweep that staggers its starts starts its other runs now
     return s
 
 

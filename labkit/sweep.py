@@ -49,7 +49,7 @@ from pathlib import Path
 from labkit.config import ConfigError, RunConfig
 from labkit.errors import LabkitError, RunLogError, one_line
 from labkit.machine.placement import SHARED_GPU_FIELDS, longest_first
-from labkit.run import start_results
+from labkit.run import ready, start_results
 from labkit.run.files import file_there
 from labkit.run.log import (
     CONFIG,
@@ -92,6 +92,7 @@ class _Slot:
     gpu: str | None = None  # the GPU its process saw (CUDA_VISIBLE_DEVICES), once started
     extra: dict = field(default_factory=dict)
     asked: RunConfig | None = None  # the config as the caller gave it (a resume gives it again)
+    ready: Path | None = None  # the file it writes once ready to step (the run a stagger starts first)
 
     def __post_init__(self):
         self.asked = self.asked or self.cfg
@@ -119,7 +120,8 @@ class _Slot:
 
 
 def launch_many(configs: Sequence[RunConfig | dict], *, resume: bool = False,
-                side_by_side: bool | None = None, gpus=None, mps: bool = False) -> list[Run]:
+                side_by_side: bool | None = None, gpus=None, mps: bool = False,
+                stagger_starts: bool = False) -> list[Run]:
     """Run every config (a RunConfig, or a dict of its fields); return the Runs that have a
     folder, in the configs' order.
 
@@ -130,23 +132,28 @@ def launch_many(configs: Sequence[RunConfig | dict], *, resume: bool = False,
     "0,1"); None: env LABKIT_GPUS, else every GPU this process sees (labkit.machine.placement).
     `mps`: the runs that share a GPU reach an NVIDIA MPS server of the sweep's own, so their
     kernels run at once (labkit.machine.mps); refused where the runs share no GPU.
+    `stagger_starts`: the run seated first starts alone, the others once it is ready to step
+    (labkit.run.ready), so that they take vLLM's compiled graphs from its cache instead of
+    compiling them at once beside it; refused where the runs go one after another.
     """
-    slots = run_sweep(configs, resume=resume, side_by_side=side_by_side, gpus=gpus, mps=mps)
+    slots = run_sweep(configs, resume=resume, side_by_side=side_by_side, gpus=gpus, mps=mps,
+                      stagger_starts=stagger_starts)
     return [r for r in (s.run() for s in slots) if r is not None]
 
 
 def run_sweep(configs, *, resume: bool = False, side_by_side: bool | None = None,
-              hints: Hints = Hints(), gpus=None, mps: bool = False) -> list[_Slot]:
+              hints: Hints = Hints(), gpus=None, mps: bool = False,
+              stagger_starts: bool = False) -> list[_Slot]:
     """launch_many, returning each config's slot (its outcome and exit code); `hints` word
     the summary's advice for the caller (`labkit sweep` names its own flags)."""
-    ready = prepare_sweep(configs, resume=resume, side_by_side=side_by_side, hints=hints, gpus=gpus,
-                          mps=mps)
-    slots = ready.slots
+    prepared = prepare_sweep(configs, resume=resume, side_by_side=side_by_side, hints=hints,
+                             gpus=gpus, mps=mps, stagger_starts=stagger_starts)
+    slots = prepared.slots
     if not slots:
         return slots
     with _stops_caught() as stops:
-        if ready.plan is not None:
-            _side_by_side(slots, stops, ready.plan, ready.mps)
+        if prepared.plan is not None:
+            _side_by_side(slots, stops, prepared.plan, prepared.mps, prepared.stagger_starts)
         else:
             from labkit.run.progress import RESUME_HOW
 
@@ -237,10 +244,12 @@ class Prepared:
     slots: list[_Slot]
     plan: object | None = None
     mps: bool = False  # the side-by-side runs reach an MPS server of the sweep's own
+    stagger_starts: bool = False  # the run seated first starts alone, the others once it is ready
 
 
 def prepare_sweep(configs, *, resume: bool = False, side_by_side: bool | None = None,
-                  hints: Hints = Hints(), gpus=None, mps: bool = False) -> Prepared:
+                  hints: Hints = Hints(), gpus=None, mps: bool = False,
+                  stagger_starts: bool = False) -> Prepared:
     """Everything a sweep checks and decides before its first run starts, in one place: the
     GPUs asked for, each config, the run folders (what resume does with each), the inputs
     every run reads and what the machine must have for them, whether the runs go side by
@@ -258,7 +267,6 @@ def prepare_sweep(configs, *, resume: bool = False, side_by_side: bool | None = 
     _plan(slots, resume, hints)
     todo = [s for s in slots if s.outcome != "completed"]
     _check_folders([s for s in todo if s.resume_dir is None])
-    _check_inputs([s.cfg for s in todo])
     on_gpu = _on_gpu(slots[0].cfg)
     if wanted is not None:
         _check_gpus_reach_the_runs(wanted, gpus, on_gpu, hints)
@@ -266,6 +274,11 @@ def prepare_sweep(configs, *, resume: bool = False, side_by_side: bool | None = 
         side_by_side = on_gpu and (len(slots) > 1 or wanted is not None)
     if mps:
         _check_mps(side_by_side and on_gpu, hints)
+    if stagger_starts and not side_by_side:
+        flag = "--stagger-starts" if hints.flags else "stagger_starts=True"
+        raise ConfigError(f"{flag}: these runs go one after another (no GPU with the vLLM engine), "
+                          f"so each starts alone already")
+    _check_inputs([s.cfg for s in todo])  # the data, the model (a GGUF is dequantized once), ...
     if not side_by_side or not todo:
         return Prepared(slots)
     if on_gpu:
@@ -273,7 +286,7 @@ def prepare_sweep(configs, *, resume: bool = False, side_by_side: bool | None = 
                               [s.cfg for s in todo if s.resume_dir is not None], wanted)
     else:
         plan = placement.anywhere(len(todo))
-    return Prepared(slots, plan, mps)
+    return Prepared(slots, plan, mps, stagger_starts)
 
 
 def _check_mps(share_a_gpu: bool, hints: Hints) -> None:
@@ -505,10 +518,12 @@ def _failure_words(e: BaseException) -> str:
 
 
 # ----------------------------------------------------------------------------- side by side
-def _side_by_side(slots: list[_Slot], stops: list[int], plan, mps: bool = False) -> None:
+def _side_by_side(slots: list[_Slot], stops: list[int], plan, mps: bool = False,
+                  stagger: bool = False) -> None:
     """A process per run, each on the GPU the plan gives it (labkit.machine.placement: checked
     against the GPUs' free memory before any starts, prepare_sweep); wait, forwarding a stop.
-    `mps`: every run reaches one MPS server, started first and quit when all have ended."""
+    `mps`: every run reaches one MPS server, started first and quit when all have ended.
+    `stagger`: the run seated first starts alone, the others once it is ready (_start_seated)."""
     todo = [s for s in slots if s.outcome != "completed"]
     if not todo:
         return
@@ -520,7 +535,7 @@ def _side_by_side(slots: list[_Slot], stops: list[int], plan, mps: bool = False)
         if env:
             print("labkit: the runs share each GPU through an MPS server of this sweep's own",
                   flush=True)
-        _wait(todo, plan, stops, env)
+        _wait(todo, plan, stops, env, stagger)
 
 
 def _start(s: _Slot, resume_dir: str | None, gpu: str | None = None,
@@ -588,7 +603,8 @@ def _stop_with_parent() -> None:
         pass
 
 
-def _wait(todo: list[_Slot], plan, stops: list[int], extra_env: dict | None = None) -> None:
+def _wait(todo: list[_Slot], plan, stops: list[int], extra_env: dict | None = None,
+          stagger: bool = False) -> None:
     """Start the runs as the plan seats them, each waiting one when a run ends; show every
     run's progress until all have ended. A stop starts no further run and goes to each
     running one once (the second interrupts their steps, the third kills them). Should the
@@ -601,7 +617,7 @@ def _wait(todo: list[_Slot], plan, stops: list[int], extra_env: dict | None = No
     try:
         while True:
             if not stops:
-                _start_seated(waiting, todo, plan, extra_env)
+                _start_seated(waiting, todo, plan, extra_env, stagger)
             if not any(_running(s) for s in todo):
                 break
             try:
@@ -625,11 +641,19 @@ def _wait(todo: list[_Slot], plan, stops: list[int], extra_env: dict | None = No
             _said_how_it_ended(s)
 
 
-def _start_seated(waiting: list[_Slot], todo: list[_Slot], plan, extra_env: dict) -> None:
+def _start_seated(waiting: list[_Slot], todo: list[_Slot], plan, extra_env: dict,
+                  stagger: bool = False) -> None:
     """Start waiting runs, in order, where the plan has a seat and room for each (Plan.place:
     a later, smaller run may start where an earlier one does not fit yet). The first runs
     seated name the sweep's start evaluator in `extra_env` (start_evaluator), before any of
-    them starts, for every run of the sweep."""
+    them starts, for every run of the sweep. `stagger`: of the first runs seated, the first
+    (the longest) starts alone, and the rest wait until it is ready to step or has ended
+    (labkit.run.ready); the evaluator is still one of them, so the first does not evaluate."""
+    if stagger and any(s.ready is not None and _running(s) and not ready.is_ready(s.ready)
+                       for s in todo):
+        return
+    first = stagger and all(s.proc is None for s in todo)
+    line, asked = list(waiting), {id(s): (s.cfg, s.gpu) for s in waiting}
     seated = []
     for s in list(waiting):
         running = [(r.gpu, r.cfg) for r in todo if _running(r) or r in seated]
@@ -646,9 +670,19 @@ def _start_seated(waiting: list[_Slot], todo: list[_Slot], plan, extra_env: dict
     chosen = start_evaluator(seated)
     if chosen is not None:
         extra_env.setdefault(start_results.EVALUATOR_ENV, chosen)
+    if first and len(seated) > 1:
+        for s in seated[1:]:  # back in the line, in their places, as they were asked
+            s.cfg, s.gpu = asked[id(s)]
+        waiting[:] = [s for s in line if s is not seated[0]]
+        seated = seated[:1]
+        seated[0].ready = ready.marker(seated[0].cfg.output_dir, seated[0].cfg.run_name)
+        seated[0].ready.unlink(missing_ok=True)  # an earlier sweep's
+        print(f"labkit: run {seated[0].cfg.run_name} starts first; the others start when it is "
+              f"ready to step, and take vLLM's compiled graphs from its cache", flush=True)
     for s in seated:
+        env = extra_env if s.ready is None else {**extra_env, ready.ENV: str(s.ready)}
         try:
-            s.proc = _start(s, s.resume_dir, s.gpu, extra_env)
+            s.proc = _start(s, s.resume_dir, s.gpu, env)
             s.outcome = "running"
         except OSError as e:  # no process for this run (a full disk, too many processes)
             s.fail(f"could not start its process ({e.strerror or e})")

@@ -42,12 +42,19 @@ run.mkdir(parents=True, exist_ok=True)
 (run / "config.json").write_text(json.dumps(cfg))
 stopped = []
 signal.signal(signal.SIGINT, lambda *a: stopped.append(1))
+readies = Path(cfg["output_dir"]) / ".ready"
+ready = os.environ.get("LABKIT_READY_FILE")
 start = {"run": cfg["run_name"], "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
-         "order": os.environ.get("CUDA_DEVICE_ORDER"), "resume": (sys.argv[2:] or [None])[0]}
+         "order": os.environ.get("CUDA_DEVICE_ORDER"), "resume": (sys.argv[2:] or [None])[0],
+         "ready_file": ready, "evaluator": os.environ.get("LABKIT_START_EVALUATOR"),
+         "ready_before": sorted(p.name for p in readies.iterdir()) if readies.is_dir() else []}
 with open(Path(cfg["output_dir"]) / "starts.jsonl", "a") as f:
     f.write(json.dumps(start) + "\\n")
 end = time.monotonic() + 600
 while not stopped and not (run / "end").exists() and time.monotonic() < end:
+    if ready and (run / "ready").exists() and not os.path.exists(ready):
+        Path(ready).parent.mkdir(parents=True, exist_ok=True)
+        Path(ready).write_text("ready")  # as labkit.run.ready.say, when the test says so
     time.sleep(0.02)
 how = "signal" if stopped else (run / "end").read_text() if (run / "end").exists() else "error"
 if how == "fail":
@@ -383,6 +390,86 @@ def test_three_runs_are_planned_as_three(tiny_cfg, machine, monkeypatch, capsys)
     assert [g.seats for g in plan.gpus] == [3]
     assert "3 runs share the GPU" in capsys.readouterr().out
     assert plan.settings(_study(tiny_cfg, seeds=(11,))[0], plan.gpus[0]).rollout_gpu_memory_fraction == 0.5 / 3
+
+
+def test_staggered_starts_start_the_longest_alone_and_the_rest_once_it_is_ready(
+        tiny_cfg, machine, monkeypatch, fake_runs, capsys):
+    """--stagger-starts on a GPU that seats all three of lesson 1.3's runs: the 16-answer run
+    starts alone, and while it is not ready the sweep's next looks at its waiting runs start
+    none; the others start once it has written its ready file (each finds it written as it
+    starts), and the 4-answer run, not the first, evaluates the start."""
+    machine(139.0)
+    monkeypatch.setattr(memory.ModelShape, "of", classmethod(lambda cls, path: QWEN05_KV))
+    cfgs = _study(tiny_cfg, seeds=(11,))
+    out = Path(tiny_cfg.output_dir)
+    looked, seen = threading.Condition(), {"looks": 0}
+    start_seated = sweep._start_seated
+
+    def counted(*args, **kwargs):
+        start_seated(*args, **kwargs)
+        with looked:
+            seen["looks"] += 1
+            looked.notify_all()
+
+    monkeypatch.setattr(sweep, "_start_seated", counted)
+
+    def script():
+        seen["first"] = _wait_for_starts(fake_runs, 1)[0]
+        with looked:  # two more looks at the waiting runs, the first one still starting
+            after = seen["looks"] + 2
+            assert looked.wait_for(lambda: seen["looks"] >= after, timeout=DEADLINE_S)
+        seen["held"] = len(_starts(fake_runs))
+        _say(out / "n16-s11" / "ready", "yes")
+        seen["all"] = _wait_for_starts(fake_runs, 3)
+        for c in cfgs:
+            _end(tiny_cfg, c.run_name)
+
+    slots = _sweep_beside(script, cfgs, _ended_all(tiny_cfg, cfgs), stagger_starts=True)
+    assert seen["first"]["run"] == "n16-s11" and seen["held"] == 1
+    assert seen["first"]["ready_file"] == str(out / ".ready" / "n16-s11")
+    later = seen["all"][1:]
+    assert [s["run"] for s in later] == ["n8-s11", "n4-s11"]  # longest first, as without
+    assert all(s["ready_before"] == ["n16-s11"] and s["ready_file"] is None for s in later)
+    assert {s["evaluator"] for s in seen["all"]} == {"n4-s11"}
+    assert [s.outcome for s in slots] == ["completed"] * 3
+    assert ("labkit: run n16-s11 starts first; the others start when it is ready to step"
+            in capsys.readouterr().out)
+
+
+def test_staggered_starts_go_on_when_the_first_run_ends_unready(tiny_cfg, machine, monkeypatch,
+                                                                fake_runs):
+    """The run started first fails before it is ready: the others start all the same (and
+    an earlier sweep's ready file, left in the folder, counted for nothing)."""
+    machine(139.0)
+    monkeypatch.setattr(memory.ModelShape, "of", classmethod(lambda cls, path: QWEN05_KV))
+    cfgs = _study(tiny_cfg, seeds=(11,))
+    stale = Path(tiny_cfg.output_dir) / ".ready" / "n16-s11"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("an earlier sweep's")
+    seen = {}
+
+    def script():
+        _wait_for_starts(fake_runs, 1)
+        _end(tiny_cfg, "n16-s11", "fail")
+        seen["all"] = _wait_for_starts(fake_runs, 3)
+        for name in ("n8-s11", "n4-s11"):
+            _end(tiny_cfg, name)
+
+    slots = _sweep_beside(script, cfgs, _ended_all(tiny_cfg, cfgs), stagger_starts=True)
+    assert [s["run"] for s in seen["all"]] == ["n16-s11", "n8-s11", "n4-s11"]
+    assert all(s["ready_before"] == [] for s in seen["all"])  # the stale one was removed first
+    assert [s.outcome.split(":")[0] for s in slots] == ["completed", "completed", "failed"]
+
+
+def test_staggered_starts_are_refused_where_runs_go_one_after_another(tiny_cfg, capsys):
+    with pytest.raises(ConfigError, match=r"^stagger_starts=True: these runs go one after another"):
+        sweep.prepare_sweep(_configs(tiny_cfg, 2), side_by_side=False, stagger_starts=True)
+    from labkit.cli import main
+
+    assert main(["sweep", "--preset", "cpu", "--seed", "1,2", "--stagger-starts", "--dry-run"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "labkit sweep: --stagger-starts: these runs go one after another (no GPU with the vLLM "
+        "engine), so each starts alone already")
 
 
 def test_the_sweep_starts_the_longest_runs_first(tiny_cfg, machine, monkeypatch, fake_runs):

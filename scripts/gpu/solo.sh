@@ -26,6 +26,9 @@
 #   lesson_mps_compile
 #                   the same with MPS and --torch-compile (each decoder layer compiled for the update;
 #                   liger-kernel's layers off, as --torch-compile sets them)
+#   lesson_stagger, lesson_mps_stagger
+#                   the same with --stagger-starts (the 16-answer run starts alone, the others once
+#                   it is ready, taking vLLM's compiled graphs from its cache), without and with MPS
 #   study           the group-size study as one command: `labkit sweep --rm-type math
 #                   --n-samples-per-prompt 4,8,16 --seed 1,2,3` (nine recipe runs, 24 steps,
 #                   held-out accuracy and each problem's outcome at both ends), as many at once
@@ -167,10 +170,11 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       mps=$([[ $j == *_mps ]] && echo --mps)
       job "$j" 480 env ${alloc:+PYTORCH_CUDA_ALLOC_CONF=$alloc} python -m labkit sweep "${SHORT[@]}" \
         --seed "$seeds" --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name "${j//_/-}" $mps ;;
-    lesson_sweep|lesson_mps|lesson_overlap|lesson_mps_overlap|lesson_mps_compile)
+    lesson_sweep|lesson_mps|lesson_overlap|lesson_mps_overlap|lesson_mps_compile|lesson_stagger|lesson_mps_stagger)
       cold  # as a first sweep on the machine: no start result, no compile caches
-      flags=()  # the job's name says what it adds: mps, overlap, compile
+      flags=()  # the job's name says what it adds: mps, overlap, compile, stagger
       [[ $j == *mps* ]] && flags+=(--mps)
+      [[ $j == *stagger* ]] && flags+=(--stagger-starts)
       [[ $j == *overlap* ]] && flags+=(--overlap-rollout)
       [[ $j == *compile* ]] && flags+=(--torch-compile)
       job "$j" 600 python -m labkit sweep --rm-type math --n-samples-per-prompt 4,8,16 \
