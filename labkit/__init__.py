@@ -20,14 +20,16 @@ def launch(config: RunConfig, *, resume=None) -> Run:
     return train(config, resume=resume)
 
 
-def launch_many(configs, *, resume: bool = False, gpus=None) -> list[Run]:
+def launch_many(configs, *, resume: bool = False, gpus=None, mps: bool = False,
+                stagger_starts: bool = False) -> list[Run]:
     """Run several configs: side by side on the GPUs (a process each, as many on each GPU as
     its free memory holds, the rest waiting for a place), one after another without one.
     `gpus=[0, 1]` limits the GPUs (also env LABKIT_GPUS). One stop stops them all after their
-    step; `resume=True` continues named runs. Returns the Runs (labkit.sweep)."""
+    step; `resume=True` continues named runs. `mps`, `stagger_starts`: as `labkit sweep`'s
+    --mps and --stagger-starts. Returns the Runs (labkit.sweep)."""
     from labkit.sweep import launch_many as _launch_many
 
-    return _launch_many(configs, resume=resume, gpus=gpus)
+    return _launch_many(configs, resume=resume, gpus=gpus, mps=mps, stagger_starts=stagger_starts)
 
 
 def close() -> None:

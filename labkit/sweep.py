@@ -649,8 +649,7 @@ def _start_seated(waiting: list[_Slot], todo: list[_Slot], plan, extra_env: dict
     them starts, for every run of the sweep. `stagger`: of the first runs seated, the first
     (the longest) starts alone, and the rest wait until it is ready to step or has ended
     (labkit.run.ready); the evaluator is still one of them, so the first does not evaluate."""
-    if stagger and any(s.ready is not None and _running(s) and not ready.is_ready(s.ready)
-                       for s in todo):
+    if stagger and _starting_first(todo) is not None:
         return
     first = stagger and all(s.proc is None for s in todo)
     line, asked = list(waiting), {id(s): (s.cfg, s.gpu) for s in waiting}
@@ -701,6 +700,12 @@ def start_evaluator(seated: list[_Slot]) -> str | None:
 
 def _running(s: _Slot) -> bool:
     return s.proc is not None and s.proc.poll() is None
+
+
+def _starting_first(slots: list[_Slot]) -> _Slot | None:
+    """The run a stagger started first, while it runs and is not yet ready to step; else None."""
+    return next((s for s in slots if s.ready is not None and _running(s)
+                 and not ready.is_ready(s.ready)), None)
 
 
 def _forward(slots: list[_Slot], sig: int) -> None:
@@ -770,14 +775,19 @@ class _Board:
     def refresh(self, ended: bool = False) -> None:
         """Each bar as its run stands; `ended`: the sweep is over (a run still waiting then
         was not started)."""
+        first = _starting_first(self.slots)
         for s, bar in zip(self.slots, self.bars):
             if bar.desc != self._label(s):
                 bar.set_description_str(self._label(s), refresh=False)
             if s.proc is None:
                 _say_on(bar, "failed to start" if s.outcome.startswith("failed")
-                        else "not started" if ended else "waiting for a GPU")
+                        else "not started" if ended
+                        else f"waiting for {first.cfg.run_name} to start" if first
+                        else "waiting for a GPU")
                 continue
             rows, _ = read_jsonl(s.dir / METRICS)
+            if not rows and s.proc.poll() is None:
+                _say_on(bar, "starting")  # loading its model and engine
             if len(rows) > bar.n:
                 bar.update(len(rows) - bar.n)
                 _say_on(bar, f"reward {rows[-1].get('rollout/raw_reward', float('nan')):.3f}")

@@ -432,8 +432,9 @@ def test_staggered_starts_start_the_longest_alone_and_the_rest_once_it_is_ready(
     assert all(s["ready_before"] == ["n16-s11"] and s["ready_file"] is None for s in later)
     assert {s["evaluator"] for s in seen["all"]} == {"n4-s11"}
     assert [s.outcome for s in slots] == ["completed"] * 3
-    assert ("labkit: run n16-s11 starts first; the others start when it is ready to step"
-            in capsys.readouterr().out)
+    captured = capsys.readouterr()
+    assert "labkit: run n16-s11 starts first; the others start when it is ready to step" in captured.out
+    assert "waiting for n16-s11 to start" in captured.err  # the held runs' bars
 
 
 def test_staggered_starts_go_on_when_the_first_run_ends_unready(tiny_cfg, machine, monkeypatch,
