@@ -652,7 +652,8 @@ def _start_seated(waiting: list[_Slot], todo: list[_Slot], plan, extra_env: dict
     if stagger and _starting_first(todo) is not None:
         return
     first = stagger and all(s.proc is None for s in todo)
-    line, asked = list(waiting), {id(s): (s.cfg, s.gpu) for s in waiting}
+    line = list(waiting)  # the line as it stands, each run's config as it was asked
+    asked = {id(s): s.cfg for s in line}
     seated = []
     for s in list(waiting):
         running = [(r.gpu, r.cfg) for r in todo if _running(r) or r in seated]
@@ -671,7 +672,7 @@ def _start_seated(waiting: list[_Slot], todo: list[_Slot], plan, extra_env: dict
         extra_env.setdefault(start_results.EVALUATOR_ENV, chosen)
     if first and len(seated) > 1:
         for s in seated[1:]:  # back in the line, in their places, as they were asked
-            s.cfg, s.gpu = asked[id(s)]
+            s.cfg, s.gpu = asked[id(s)], None
         waiting[:] = [s for s in line if s is not seated[0]]
         seated = seated[:1]
         seated[0].ready = ready.marker(seated[0].cfg.output_dir, seated[0].cfg.run_name)

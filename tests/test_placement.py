@@ -132,9 +132,14 @@ def _sweep_beside(script, cfgs, let_go, **sweep_kwargs):
 
 
 def _ended_all(tiny_cfg, cfgs):
-    """A let_go for _driven: end every run that has a folder."""
-    return lambda: [_end(tiny_cfg, c.run_name) for c in cfgs
-                    if (Path(c.output_dir) / c.run_name).exists()]
+    """A let_go for _driven: end every run, those the sweep starts later too (each finds its
+    `end` written as it starts), so that a failed test never waits on a held run."""
+    def let_go():
+        for c in cfgs:
+            (Path(c.output_dir) / c.run_name).mkdir(parents=True, exist_ok=True)
+            _end(tiny_cfg, c.run_name)
+
+    return let_go
 
 
 def _driven(script, let_go):
