@@ -17,8 +17,14 @@ a real step does:
   full logits instead of labkit.logprobs' chunked head (what the chunks save);
 * `shared_<T>`: as `dynamic_<T>`, with a group's answers after one copy of their prompt
   (`--share-prompt`, labkit.packing);
+* `padding_free_<T>`: as `dynamic_<T>`, with the samples back to back in rows as wide as the
+  longest (`--padding-free`, labkit.packing): padding only at the rows' ends;
 * `checkpointed_<T>`: as `dynamic_<T>`, with gradient checkpointing (`--gradient-checkpointing`:
-  each layer's activations recomputed in the backward pass); `shared_checkpointed_<T>` both.
+  each layer's activations recomputed in the backward pass); `shared_checkpointed_<T>` and
+  `padding_free_checkpointed_<T>` with a layout too.
+
+`--attn` sets the model's attention for every variant (sdpa by default; flex_attention
+compiles its kernel in the warm-up and keeps packed samples apart with a block mask).
 
 Each variant: one warm-up update (`warmup_s`: with --compile, it pays the compilation for
 the variant's shapes), then --repeats timed ones (synchronised), the peak GPU
@@ -78,7 +84,8 @@ def padded_tokens(batch, cfg) -> int:
     idx = packing.longest_first(batch, torch.arange(batch.size))
     return sum(int(rows.ids.numel()) for _, rows in packing.passes(
         batch, idx, "cpu", max_samples=cfg.micro_batch_size, max_tokens=max_tokens,
-        share_prompt=getattr(cfg, "share_prompt", False)))
+        **{k: v for k, v in (("share_prompt", getattr(cfg, "share_prompt", False)),
+                             ("padding_free", getattr(cfg, "padding_free", False))) if v}))
 
 
 @contextlib.contextmanager
@@ -174,6 +181,11 @@ def main() -> int:
     p.add_argument("--shared", default="", help="token budgets of the shared-prompt variants")
     p.add_argument("--shared-checkpointed", default="",
                    help="token budgets of the shared-prompt variants with checkpointing")
+    p.add_argument("--padding-free", default="", help="token budgets of the padding-free variants")
+    p.add_argument("--padding-free-checkpointed", default="",
+                   help="token budgets of the padding-free variants with checkpointing")
+    p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager", "flex_attention"],
+                   help="the model's attention in every variant")
     p.add_argument("--profile", action="store_true", help="print the top GPU ops of each variant")
     p.add_argument("--liger", action="store_true",
                    help="liger-kernel's kernels (RMSNorm, SwiGLU, RoPE) in the model, as "
@@ -186,6 +198,7 @@ def main() -> int:
     a = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = load_model(a.model, device)
+    model.config._attn_implementation = a.attn
     if a.liger:
         from labkit.models import use_liger_kernels
 
@@ -209,12 +222,17 @@ def main() -> int:
         variants[f"full_logits_{t}"] = (base.replace(max_tokens_per_gpu=int(t)), False)
     for t in filter(None, a.shared.split(",")):
         variants[f"shared_{t}"] = (base.replace(max_tokens_per_gpu=int(t), share_prompt=True), False)
+    for t in filter(None, a.padding_free.split(",")):
+        variants[f"padding_free_{t}"] = (base.replace(max_tokens_per_gpu=int(t), padding_free=True), False)
     for t in filter(None, a.checkpointed.split(",")):
         variants[f"checkpointed_{t}"] = (base.replace(max_tokens_per_gpu=int(t)), False)
     for t in filter(None, a.shared_checkpointed.split(",")):
         variants[f"shared_checkpointed_{t}"] = (
             base.replace(max_tokens_per_gpu=int(t), share_prompt=True), False)
-    result = {"liger": a.liger, "compile": a.compile,
+    for t in filter(None, a.padding_free_checkpointed.split(",")):
+        variants[f"padding_free_checkpointed_{t}"] = (
+            base.replace(max_tokens_per_gpu=int(t), padding_free=True), False)
+    result = {"liger": a.liger, "compile": a.compile, "attn": a.attn,
               "machine": {"python": platform.python_version(), "torch": torch.__version__,
                           "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"},
               "samples": a.samples, "answer_tokens": tokens, "variants": {},

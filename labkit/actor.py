@@ -90,7 +90,8 @@ def samples_that_train(batch: RolloutBatch, cfg) -> torch.Tensor | None:
 @torch.no_grad()
 def compute_logprobs(model, batch: RolloutBatch, *, micro_batch_size: int, temperature: float,
                      max_tokens: int | None = None, autocast=contextlib.nullcontext,
-                     share_prompt: bool = False, only: torch.Tensor | None = None):
+                     share_prompt: bool = False, padding_free: bool = False,
+                     only: torch.Tensor | None = None):
     """Per-token log-probs [N, R] of the answers under `model` (old or reference policy); of
     the samples `only` marks where given (the others' stay 0)."""
     device = next(model.parameters()).device
@@ -99,7 +100,8 @@ def compute_logprobs(model, batch: RolloutBatch, *, micro_batch_size: int, tempe
     order = longest_first(batch, everyone if only is None else everyone[only])
     with mode(model, training=False):
         for idx, mb in passes(batch, order, device, max_samples=micro_batch_size,
-                              max_tokens=max_tokens, share_prompt=share_prompt):
+                              max_tokens=max_tokens, share_prompt=share_prompt,
+                              padding_free=padding_free):
             lp, _ = _forward_logprobs(model, mb, temperature, autocast)
             out[idx, : mb.r] = lp.float().cpu()
     return out
@@ -176,7 +178,8 @@ def _optimizer_step(model, optimizer, batch: RolloutBatch, idx: torch.Tensor, cf
         stats["skipped"] += float((~trains[idx]).sum())
         idx = idx[trains[idx]]
     for mb, rows in passes(batch, idx, device, max_samples=cfg.micro_batch_size,
-                           max_tokens=max_tokens, share_prompt=cfg.share_prompt):
+                           max_tokens=max_tokens, share_prompt=cfg.share_prompt,
+                           padding_free=getattr(cfg, "padding_free", False)):
         rmask, r = rows.rmask, rows.r
         lp, ent = _forward_logprobs(model, rows, cfg.rollout_temperature, autocast,
                                     entropy="loss" if cfg.entropy_coef > 0 else "stat")

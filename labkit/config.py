@@ -217,6 +217,14 @@ class RunConfig:
         "preset's two worked examples); the mask costs attention its causal fast path",
         "training",
     )
+    padding_free: bool = _f(
+        False, "in the update, lay the samples back to back in rows as wide as the longest "
+        "(first-fit) instead of one padded row each, their positions counting from 0 so that "
+        "attention keeps them apart (block-diagonal; transformers' packed sequences, TRL's "
+        "padding_free, verl's use_remove_padding): the same log-probs with padding only at the "
+        "rows' ends. Under sdpa the block-diagonal mask costs attention its causal fast path",
+        "training",
+    )
     skip_zero_advantage: bool = _f(
         True, "answers whose advantage is 0 (every answer to their prompt got one reward) take "
         "no pass in the update: without a KL or entropy term their loss and gradient are exactly "
@@ -455,6 +463,11 @@ def check_config(cfg: RunConfig) -> None:
             "--torch-compile with --use-liger-kernel: torch.compile cannot trace liger-kernel's "
             "RMSNorm (its own autograd function) and the update fails at its first pass; "
             "compiled layers fuse those operations themselves: drop one of the two flags")
+    if cfg.share_prompt and cfg.padding_free:
+        raise ConfigError(
+            "--share-prompt and --padding-free are two layouts of the update's rows (a group's "
+            "answers after one prompt, or samples back to back): choose one (the cpu preset "
+            "turns --share-prompt on: add --no-share-prompt)")
     if cfg.heat_resume_c > cfg.heat_pause_c:
         raise ConfigError(
             f"--heat-resume-c {cfg.heat_resume_c} is above --heat-pause-c {cfg.heat_pause_c}; "

@@ -2,7 +2,7 @@
 
 A rollout of P prompts x n answers is packed once into padded tensors (`pack_rollout`:
 prompts left-padded, answers right-padded). Each pass (a micro-batch) then takes some of
-its samples in one of two layouts:
+its samples in one of three layouts:
 
 - one row per sample (`sample_rows`): the sample's prompt and its answer back to back,
   right-padded. A causal model needs no attention mask: no real token looks at a later
@@ -18,10 +18,17 @@ its samples in one of two layouts:
   fast path, and attends over the whole row (prompt and every answer) where each answer
   needed only its own: on an H200, at the recipe's ~290-token answers, the update was 8-11%
   slower with a third fewer tokens (BENCHMARKS.md), so the recipe leaves it off.
+- samples back to back (`packed_rows`, `--padding-free`): rows as long as the longest
+  sample, each filled first-fit with whole samples whose positions count from 0, so only a
+  row's end is padding; transformers reads the restarts of the positions as the starts of
+  new sequences and keeps them apart (block-diagonal causal attention). A row per sample
+  pads each row to its pass's longest: the group-size study's checkpointed passes (24,576
+  tokens) were 8-22% padding; benchmarks/bench_update.py's made-up rollout of the recipe's
+  lengths is 14.3% padding so and 2.7% back to back.
 
-`micro_batches` splits a global batch into passes for either layout: a fixed number of
-samples each (`--micro-batch-size`) or as many as fit in `--max-tokens-per-gpu` padded
-tokens (`--use-dynamic-batch-size`; miles' names).
+`micro_batches` and its kin for the other layouts split a global batch into passes: a fixed
+number of samples each (`--micro-batch-size`) or as many as fit in `--max-tokens-per-gpu`
+padded tokens (`--use-dynamic-batch-size`; miles' names).
 """
 
 from __future__ import annotations
@@ -127,11 +134,60 @@ def shared_micro_batches(batch: RolloutBatch, idx: torch.Tensor, *, max_samples:
     return out
 
 
+def packed_micro_batches(batch: RolloutBatch, idx: torch.Tensor, *, max_samples: int,
+                         max_tokens: int | None = None) -> list[list[torch.Tensor]]:
+    """Split the samples `idx` (longest first) into micro-batches of the padding-free layout:
+    each a list of rows, a row the samples laid back to back in it.
+
+    A row holds as many tokens as the longest sample; the samples go, longest first, into
+    the first row with room (first-fit decreasing), so only each row's tail is padding.
+    Dynamic (`max_tokens`): the longest of `idx` sets the room of every row, and a
+    micro-batch takes rows while rows x that room stays within `max_tokens`; fixed:
+    `max_samples` samples each, in rows as long as their own longest."""
+    lengths = sample_lengths(batch)
+    if max_tokens is None:
+        groups = [idx[i : i + max_samples] for i in range(0, len(idx), max_samples)]
+        return [_first_fit(g, lengths) for g in groups]
+    rows = _first_fit(idx, lengths)
+    if not rows:
+        return []
+    width = int(lengths[idx].max())
+    per_pass = max(1, max_tokens // width)
+    return [rows[i : i + per_pass] for i in range(0, len(rows), per_pass)]
+
+
+def _first_fit(idx: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
+    """The samples `idx`, longest first, into rows as wide as the longest: each in the first
+    row it fits (first-fit decreasing)."""
+    order = idx[torch.argsort(lengths[idx], descending=True, stable=True)].tolist()
+    if not order:
+        return []
+    width = int(lengths[order[0]])
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        n = int(lengths[i])
+        for b, free in enumerate(room):
+            if n <= free:
+                rows[b].append(i)
+                room[b] -= n
+                break
+        else:
+            rows.append([i])
+            room.append(width - n)
+    return [torch.tensor(r, dtype=torch.long) for r in rows]
+
+
 def passes(batch: RolloutBatch, idx: torch.Tensor, device, *, max_samples: int,
-           max_tokens: int | None = None, share_prompt: bool = False):
+           max_tokens: int | None = None, share_prompt: bool = False, padding_free: bool = False):
     """The update's passes over the samples `idx`: (samples, Rows) for each micro-batch, in
     the layout asked for, on `device`."""
-    if share_prompt:
+    if share_prompt and padding_free:
+        raise ValueError("one layout at a time: share_prompt or padding_free")
+    if padding_free:
+        for rows in packed_micro_batches(batch, idx, max_samples=max_samples, max_tokens=max_tokens):
+            yield torch.cat(rows), packed_rows(batch, rows, device)
+    elif share_prompt:
         for rows in shared_micro_batches(batch, idx, max_samples=max_samples, max_tokens=max_tokens):
             yield torch.cat(rows), shared_prompt_rows(batch, rows, device)
     else:
@@ -270,6 +326,54 @@ def shared_prompt_rows(batch: RolloutBatch, rows: list[torch.Tensor], device) ->
     return Rows(ids.to(device), pos.to(device), _segment_mask(seg).to(device), rmask.to(device), r,
                 sample.to(device), col.to(device), row_of[sample].to(device), at.to(device),
                 _targets(batch, samples, sample, col).to(device), int((seg >= 0).sum()))
+
+
+def packed_rows(batch: RolloutBatch, rows: list[torch.Tensor], device) -> Rows:
+    """`rows` (each: samples laid back to back) as right-padded rows of one width, on `device`.
+
+    Each sample's positions count from 0 and so does the padding at a row's end; with no
+    attention mask, transformers reads a restart of the positions as the start of another
+    sequence (masking_utils.find_packed_sequence_indices) and keeps the samples of a row
+    apart: block-diagonal causal attention (varlen with flash attention, a block mask with
+    flex attention, a dense mask with sdpa and eager). The micro-batch's samples are the
+    rows' samples in order (`torch.cat(rows)`)."""
+    p = batch.prompt_width
+    samples = torch.cat(rows)
+    prompt_len = batch.attention_mask[samples, :p].sum(dim=1)
+    answer_len = batch.response_mask[samples].sum(dim=1).long()
+    length = prompt_len + answer_len
+    width = max(int(length[k : k + len(r)].sum()) for k, r in zip(_starts(rows), rows))
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    pos = torch.zeros((len(rows), width), dtype=torch.long)
+    start = torch.zeros(len(samples), dtype=torch.long)  # where each sample begins in its row
+    row_of = torch.cat([torch.full((len(r),), b, dtype=torch.long) for b, r in enumerate(rows)])
+    k = 0
+    for b, row in enumerate(rows):
+        offset = 0
+        for s in row.tolist():
+            n, lp = int(length[k]), int(prompt_len[k])
+            ids[b, offset : offset + n] = batch.input_ids[s, p - lp : p - lp + n]
+            pos[b, offset : offset + n] = torch.arange(n)
+            start[k] = offset
+            offset += n
+            k += 1
+        pos[b, offset:] = torch.arange(width - offset)  # the padding: a sequence of its own
+    r = int(answer_len.max().clamp(min=1))
+    rmask = batch.response_mask[samples, :r]
+    sample, col = rmask.nonzero(as_tuple=True)
+    at = start[sample] + prompt_len[sample] + col - 1  # the position just before the token
+    return Rows(ids.to(device), pos.to(device), None, rmask.to(device), r, sample.to(device),
+                col.to(device), row_of[sample].to(device), at.to(device),
+                _targets(batch, samples, sample, col).to(device), int(length.sum()))
+
+
+def _starts(rows: list[torch.Tensor]) -> list[int]:
+    """Where each row's samples begin in `torch.cat(rows)`."""
+    out, k = [], 0
+    for r in rows:
+        out.append(k)
+        k += len(r)
+    return out
 
 
 def _targets(batch: RolloutBatch, samples: torch.Tensor, sample: torch.Tensor, col: torch.Tensor):

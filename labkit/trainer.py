@@ -239,7 +239,7 @@ def update_policy(s: Session, rollout: Rollout, advantages: torch.Tensor, step: 
                          [c.logprobs for c in comps], s.tokenizer.pad_token_id)
     kw = dict(micro_batch_size=cfg.micro_batch_size, temperature=cfg.rollout_temperature,
               max_tokens=cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else None,
-              autocast=s.autocast, share_prompt=cfg.share_prompt)
+              autocast=s.autocast, share_prompt=cfg.share_prompt, padding_free=cfg.padding_free)
     if cfg.overlap_rollout:  # one step off-policy: the engine's log-probs are the old policy
         batch.old_logprobs = batch.engine_logprobs
     elif cfg.steps_per_rollout > 1:  # else the training pass gives them (see labkit.actor)

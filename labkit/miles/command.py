@@ -68,6 +68,8 @@ IGNORED = {
                                "train/train_rollout_logprob_abs_diff covers them all",
     "share_prompt": "a layout of labkit's update (the same log-probs, fewer tokens); miles' "
                     "Megatron lays out its passes its own way",
+    "padding_free": "a layout of labkit's update (the same log-probs, padding only at the rows' "
+                    "ends); miles' Megatron packs its passes without padding itself",
     "use_liger_kernel": "kernels of labkit's update (the same loss to bf16 rounding); Megatron "
                         "fuses its own",
     "torch_compile": "compilation of labkit's update (the same loss to float rounding); "

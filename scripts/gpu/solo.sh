@@ -11,6 +11,9 @@
 #   bench_shared    the update on the recipe's architecture (random weights, 8 answers a prompt):
 #                   a row per sample against a group's answers after one copy of their prompt
 #                   (--share-prompt), plain at 12,288 tokens and checkpointed at 24,576
+#   bench_packed    the update on the recipe's architecture (random weights): a row per sample
+#                   against the padding-free layout (--padding-free), plain at 12,288 tokens and
+#                   checkpointed at 24,576, under sdpa; then the padding-free pair under flex attention
 #   solo_default    the recipe as a user types it, alone (sleep mode, default budget)
 #   solo_kv8        one run alone with the settings a sweep gives each run (fixed 8 GiB KV
 #                   cache, no sleep): its whole-GPU memory is one run's share
@@ -49,6 +52,7 @@
 #                   the like: the same with --mps),
 #                   each run a process with the sweep's memory plan (its runs get torch's
 #                   expandable segments); side4p is side4 with torch's plain allocator
+#   alone_packed    alone with the padding-free update (--padding-free)
 #   alone_full      alone with every answer through the update (--no-skip-zero-advantage)
 #   alone_compile   alone with each decoder layer compiled for the update (--torch-compile)
 #   alone_lean      one run alone as a shared run is set: checkpointed at 24,576 tokens, a fixed
@@ -136,6 +140,12 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
     bench_shared) job bench_shared 300 python benchmarks/bench_update.py --model random:qwen2.5-0.5b \
       --samples 256 --dynamic-only --budgets 12288 --shared 12288 --checkpointed 24576 \
       --shared-checkpointed 24576 --repeats 3 --out "$L/bench_shared.json" ;;
+    bench_packed) job bench_packed 360 bash -c "python benchmarks/bench_update.py --model random:qwen2.5-0.5b \
+        --samples 256 --dynamic-only --budgets 12288 --padding-free 12288 --checkpointed 24576 \
+        --padding-free-checkpointed 24576 --repeats 3 --out $L/bench_packed.json && python \
+        benchmarks/bench_update.py --model random:qwen2.5-0.5b --samples 256 --dynamic-only --budgets '' \
+        --padding-free 12288 --padding-free-checkpointed 24576 --repeats 3 --attn flex_attention \
+        --out $L/bench_packed_flex.json" ;;
     solo_default) job solo_default 300 python -m labkit launch "${SHORT[@]}" --n-samples-per-prompt 8 \
       --global-batch-size 256 --seed 1 --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name solo-default ;;
     solo_kv8) job solo_kv8 300 python -m labkit launch "${SHORT[@]}" --n-samples-per-prompt 8 \
@@ -155,6 +165,7 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
       bash scripts/gpu/update_side_by_side.sh ;;
     alone) alone alone ;;
     alone_full) alone alone_full --no-skip-zero-advantage ;;
+    alone_packed) alone alone_packed --padding-free ;;
     alone_compile) alone alone_compile --torch-compile ;;
     lessons) job lessons 1700 env LABKIT_PROFILE=gpu LABKIT_MODEL="$M" LABKIT_DATA="$D" \
       python scripts/gpu/lessons.py --out "$L/lessons" --stop-after "${LESSON_STOP_AFTER:-120}" ${LESSONS:-}

@@ -1,0 +1,120 @@
+"""The padding-free layout: samples back to back in rows, their positions counting from 0,
+give the same log-probs, loss and gradients as one padded row per sample; every sample is in
+exactly one pass, and only the rows' ends are padding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from labkit.actor import _forward_logprobs, make_optimizer, train_on_rollout
+from labkit.config import RunConfig, check_config
+from labkit.errors import ConfigError
+from labkit.packing import (
+    longest_first,
+    packed_micro_batches,
+    packed_rows,
+    passes,
+    sample_lengths,
+    sample_rows,
+)
+from tests.test_packing import NO_AUTOCAST, _groups, _loss_and_grads, _model
+
+
+@pytest.mark.parametrize("kind,attn", [("qwen2", "sdpa"), ("qwen2", "eager"), ("llama", "sdpa")])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_packed_rows_give_the_same_loss_and_gradients_as_a_row_per_sample(kind, attn, temperature):
+    model, batch = _model(kind, attn), _groups(prompts=3, n=4)
+    idx = longest_first(batch, torch.arange(batch.size))
+    adv = batch.advantages[idx]
+    per_sample = sample_rows(batch, idx, "cpu")
+    lp, ent = _forward_logprobs(model, per_sample, temperature, NO_AUTOCAST, entropy="loss")
+    want_loss, want = _loss_and_grads(model, lp, ent, per_sample.rmask, adv)
+
+    (rows,) = packed_micro_batches(batch, idx, max_samples=batch.size)
+    assert len(rows) < batch.size  # several samples share a row
+    order = torch.cat(rows)
+    packed = packed_rows(batch, rows, "cpu")
+    lp2, ent2 = _forward_logprobs(model, packed, temperature, NO_AUTOCAST, entropy="loss")
+    back = torch.argsort(order)[torch.argsort(torch.argsort(idx))]  # packed order -> idx order
+    lp2, ent2, rmask2 = lp2[back], ent2[back], packed.rmask[back]
+    assert torch.equal(rmask2, per_sample.rmask)
+    assert torch.allclose(lp2, lp, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(ent2, ent, rtol=1e-5, atol=1e-5)
+    got_loss, got = _loss_and_grads(model, lp2, ent2, rmask2, adv)
+    assert torch.allclose(got_loss, want_loss, rtol=1e-5, atol=1e-7)
+    for name, g in want.items():
+        scale = float(g.abs().max()) + 1e-12
+        assert float((got[name] - g).abs().max()) / scale <= 1e-4, name
+    # the same tokens through the model, in fewer padded positions
+    assert packed.real == per_sample.real == int(sample_lengths(batch).sum())
+    assert packed.ids.numel() < per_sample.ids.numel()
+
+
+def test_a_row_holding_one_sample_and_no_padding_is_a_plain_causal_row():
+    model, batch = _model(), _groups(prompts=2, n=3)
+    idx = longest_first(batch, torch.arange(batch.size))[:1]
+    packed = packed_rows(batch, [idx], "cpu")
+    plain = sample_rows(batch, idx, "cpu")
+    assert torch.equal(packed.ids, plain.ids) and torch.equal(packed.positions, plain.positions)
+    lp, _ = _forward_logprobs(model, packed, 1.0, NO_AUTOCAST)
+    want, _ = _forward_logprobs(model, plain, 1.0, NO_AUTOCAST)
+    assert torch.allclose(lp, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("max_tokens", [None, 25, 40, 60, 10_000])
+@pytest.mark.parametrize("max_samples", [1, 5, 12])
+def test_every_sample_is_in_one_packed_pass_and_only_row_ends_are_padding(max_tokens, max_samples):
+    batch = _groups(prompts=4, n=5, seed=3)
+    lengths = sample_lengths(batch)
+    idx = longest_first(batch, torch.randperm(batch.size, generator=torch.Generator().manual_seed(0)))
+    got = packed_micro_batches(batch, idx, max_samples=max_samples, max_tokens=max_tokens)
+    seen = torch.cat([torch.cat(p) for p in got])
+    assert sorted(seen.tolist()) == sorted(idx.tolist())
+    longest = int(lengths.max())
+    for p in got:
+        rows = packed_rows(batch, p, "cpu")
+        room = longest if max_tokens is not None else int(lengths[torch.cat(p)].max())
+        used = [int(lengths[row].sum()) for row in p]
+        assert rows.ids.shape == (len(p), max(used)) and max(used) <= room
+        for b, u in enumerate(used):
+            # the padding after the samples is a sequence of its own: positions from 0
+            assert rows.positions[b, u:].tolist() == list(range(max(used) - u))
+        if max_tokens is None:
+            assert len(torch.cat(p)) <= max_samples
+        else:
+            assert len(p) * room <= max(max_tokens, room)
+        # first fit: no two rows of a pass could have been one
+        if len(used) > 1:
+            assert sorted(used)[0] + sorted(used)[1] > room
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_the_update_padding_free_is_the_update_with_a_row_per_sample(dynamic):
+    cfg = RunConfig(rollout_batch_size=3, n_samples_per_prompt=4, global_batch_size=12, micro_batch_size=5,
+                    use_dynamic_batch_size=dynamic, max_tokens_per_gpu=64, lr=1e-3, rollout_temperature=1.0)
+    results = []
+    for packed in (False, True):
+        model, batch = _model(seed=2), _groups()
+        stats = train_on_rollout(model, make_optimizer(model, cfg), batch, cfg.replace(padding_free=packed),
+                                 generator=torch.Generator().manual_seed(1))
+        results.append((model, batch.old_logprobs, stats))
+    (a, old_a, sa), (b, old_b, sb) = results
+    assert torch.allclose(old_a, old_b, atol=1e-5)
+    assert abs(sa["train/loss"] - sb["train/loss"]) < 1e-5
+    assert abs(sa["train/grad_norm"] - sb["train/grad_norm"]) < 1e-4 * max(1.0, sa["train/grad_norm"])
+    moved = max(float((p - q).detach().abs().max()) for p, q in zip(a.parameters(), _model(seed=2).parameters()))
+    diff = max(float((p - q).detach().abs().max()) for p, q in zip(a.parameters(), b.parameters()))
+    assert moved > 1e-4 and diff < 1e-3 * moved
+    # a fixed micro-batch holds samples of like lengths, two of which rarely fit one row
+    packed, plain = sb["train/padding_frac"], sa["train/padding_frac"]
+    assert packed < plain if dynamic else packed <= plain
+
+
+def test_one_layout_at_a_time():
+    with pytest.raises(ConfigError, match="--share-prompt and --padding-free"):
+        check_config(RunConfig(share_prompt=True, padding_free=True))
+    batch = _groups()
+    with pytest.raises(ValueError, match="one layout at a time"):
+        next(passes(batch, torch.arange(batch.size), "cpu", max_samples=4, share_prompt=True,
+                    padding_free=True))
