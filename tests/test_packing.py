@@ -1,6 +1,7 @@
 """The shared-prompt layout: a group's answers after one copy of their prompt give the same
 log-probs, loss and gradients as one row per sample, in fewer tokens, and every sample is
-in exactly one pass."""
+in exactly one pass; the whole update in either of the other layouts (shared prompts, or
+samples back to back: tests/test_padding_free.py) is the update with a row per sample."""
 
 from __future__ import annotations
 
@@ -63,23 +64,16 @@ def test_a_rollout_s_groups_get_one_prompt_index_each():
     assert batch.prompt_index.tolist() == [0] * 4 + [1] * 4 + [2] * 4
 
 
-@pytest.mark.parametrize("kind,attn", [("qwen2", "sdpa"), ("qwen2", "eager"), ("llama", "sdpa")])
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_shared_prompt_rows_give_the_same_loss_and_gradients_as_a_row_per_sample(kind, attn, temperature):
-    model, batch = _model(kind, attn), _groups()
-    idx = longest_first(batch, torch.arange(batch.size))
+def assert_same_as_a_row_per_sample(model, batch, idx, layout, order, temperature):
+    """The pass `layout` (a Rows of the samples `order`) gives the log-probs, entropies, loss
+    and gradients of one row per sample of `idx`; returns that row-per-sample pass."""
     adv = batch.advantages[idx]
     per_sample = sample_rows(batch, idx, "cpu")
     lp, ent = _forward_logprobs(model, per_sample, temperature, NO_AUTOCAST, entropy="loss")
     want_loss, want = _loss_and_grads(model, lp, ent, per_sample.rmask, adv)
-
-    rows = shared_micro_batches(batch, idx, max_samples=batch.size)
-    assert len(rows) == 1 and len(rows[0]) == 3  # one pass, a row per prompt
-    order = torch.cat(rows[0])
-    shared = shared_prompt_rows(batch, rows[0], "cpu")
-    lp2, ent2 = _forward_logprobs(model, shared, temperature, NO_AUTOCAST, entropy="loss")
-    back = torch.argsort(order)[torch.argsort(torch.argsort(idx))]  # shared order -> idx order
-    lp2, ent2, rmask2 = lp2[back], ent2[back], shared.rmask[back]
+    lp2, ent2 = _forward_logprobs(model, layout, temperature, NO_AUTOCAST, entropy="loss")
+    back = torch.argsort(order)[torch.argsort(torch.argsort(idx))]  # layout order -> idx order
+    lp2, ent2, rmask2 = lp2[back], ent2[back], layout.rmask[back]
     assert torch.equal(rmask2, per_sample.rmask)
     assert torch.allclose(lp2, lp, rtol=1e-5, atol=1e-5)
     assert torch.allclose(ent2, ent, rtol=1e-5, atol=1e-5)
@@ -88,6 +82,18 @@ def test_shared_prompt_rows_give_the_same_loss_and_gradients_as_a_row_per_sample
     for name, g in want.items():
         scale = float(g.abs().max()) + 1e-12
         assert float((got[name] - g).abs().max()) / scale <= 1e-4, name
+    return per_sample
+
+
+@pytest.mark.parametrize("kind,attn", [("qwen2", "sdpa"), ("qwen2", "eager"), ("llama", "sdpa")])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_shared_prompt_rows_give_the_same_loss_and_gradients_as_a_row_per_sample(kind, attn, temperature):
+    model, batch = _model(kind, attn), _groups()
+    idx = longest_first(batch, torch.arange(batch.size))
+    rows = shared_micro_batches(batch, idx, max_samples=batch.size)
+    assert len(rows) == 1 and len(rows[0]) == 3  # one pass, a row per prompt
+    shared = shared_prompt_rows(batch, rows[0], "cpu")
+    per_sample = assert_same_as_a_row_per_sample(model, batch, idx, shared, torch.cat(rows[0]), temperature)
     # the prompt went through the model once per group, not once per answer
     prompt_tokens = batch.attention_mask[:, : batch.prompt_width].sum(dim=1)
     answer_tokens = int(batch.response_mask.sum())
@@ -113,14 +119,15 @@ def test_every_sample_is_in_one_shared_pass_within_the_budget(max_tokens, max_sa
             assert len(p) == 1 and len(p[0]) == 1
 
 
+@pytest.mark.parametrize("layout", ["share_prompt", "padding_free"])
 @pytest.mark.parametrize("dynamic", [True, False])
-def test_the_update_with_shared_prompts_is_the_update_with_a_row_per_sample(dynamic):
+def test_the_update_in_either_layout_is_the_update_with_a_row_per_sample(layout, dynamic):
     cfg = RunConfig(rollout_batch_size=3, n_samples_per_prompt=4, global_batch_size=12, micro_batch_size=5,
                     use_dynamic_batch_size=dynamic, max_tokens_per_gpu=64, lr=1e-3, rollout_temperature=1.0)
     results = []
-    for share in (False, True):
+    for on in (False, True):
         model, batch = _model(seed=2), _groups()
-        stats = train_on_rollout(model, make_optimizer(model, cfg), batch, cfg.replace(share_prompt=share),
+        stats = train_on_rollout(model, make_optimizer(model, cfg), batch, cfg.replace(**{layout: on}),
                                  generator=torch.Generator().manual_seed(1))
         results.append((model, batch.old_logprobs, stats))
     (a, old_a, sa), (b, old_b, sb) = results
@@ -130,7 +137,11 @@ def test_the_update_with_shared_prompts_is_the_update_with_a_row_per_sample(dyna
     moved = max(float((p - q).detach().abs().max()) for p, q in zip(a.parameters(), _model(seed=2).parameters()))
     diff = max(float((p - q).detach().abs().max()) for p, q in zip(a.parameters(), b.parameters()))
     assert moved > 1e-4 and diff < 1e-3 * moved
-    assert sb["train/micro_batches"] <= sa["train/micro_batches"]
+    if layout == "share_prompt":
+        assert sb["train/micro_batches"] <= sa["train/micro_batches"]
+    else:  # a fixed micro-batch holds samples of like lengths, two of which rarely fit one row
+        packed, plain = sb["train/padding_frac"], sa["train/padding_frac"]
+        assert packed < plain if dynamic else packed <= plain
 
 
 def test_shared_prompts_need_an_attention_that_takes_a_mask():

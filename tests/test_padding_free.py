@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from labkit.actor import _forward_logprobs, make_optimizer, train_on_rollout
+from labkit.actor import _forward_logprobs
 from labkit.config import RunConfig, check_config
 from labkit.errors import ConfigError
 from labkit.packing import (
@@ -18,7 +18,7 @@ from labkit.packing import (
     sample_lengths,
     sample_rows,
 )
-from tests.test_packing import NO_AUTOCAST, _groups, _loss_and_grads, _model
+from tests.test_packing import NO_AUTOCAST, _groups, _model, assert_same_as_a_row_per_sample
 
 
 @pytest.mark.parametrize("kind,attn", [("qwen2", "sdpa"), ("qwen2", "eager"), ("llama", "sdpa")])
@@ -26,26 +26,10 @@ from tests.test_packing import NO_AUTOCAST, _groups, _loss_and_grads, _model
 def test_packed_rows_give_the_same_loss_and_gradients_as_a_row_per_sample(kind, attn, temperature):
     model, batch = _model(kind, attn), _groups(prompts=3, n=4)
     idx = longest_first(batch, torch.arange(batch.size))
-    adv = batch.advantages[idx]
-    per_sample = sample_rows(batch, idx, "cpu")
-    lp, ent = _forward_logprobs(model, per_sample, temperature, NO_AUTOCAST, entropy="loss")
-    want_loss, want = _loss_and_grads(model, lp, ent, per_sample.rmask, adv)
-
     (rows,) = packed_micro_batches(batch, idx, max_samples=batch.size)
     assert len(rows) < batch.size  # several samples share a row
-    order = torch.cat(rows)
     packed = packed_rows(batch, rows, "cpu")
-    lp2, ent2 = _forward_logprobs(model, packed, temperature, NO_AUTOCAST, entropy="loss")
-    back = torch.argsort(order)[torch.argsort(torch.argsort(idx))]  # packed order -> idx order
-    lp2, ent2, rmask2 = lp2[back], ent2[back], packed.rmask[back]
-    assert torch.equal(rmask2, per_sample.rmask)
-    assert torch.allclose(lp2, lp, rtol=1e-5, atol=1e-5)
-    assert torch.allclose(ent2, ent, rtol=1e-5, atol=1e-5)
-    got_loss, got = _loss_and_grads(model, lp2, ent2, rmask2, adv)
-    assert torch.allclose(got_loss, want_loss, rtol=1e-5, atol=1e-7)
-    for name, g in want.items():
-        scale = float(g.abs().max()) + 1e-12
-        assert float((got[name] - g).abs().max()) / scale <= 1e-4, name
+    per_sample = assert_same_as_a_row_per_sample(model, batch, idx, packed, torch.cat(rows), temperature)
     # the same tokens through the model, in fewer padded positions
     assert packed.real == per_sample.real == int(sample_lengths(batch).sum())
     assert packed.ids.numel() < per_sample.ids.numel()
@@ -87,28 +71,6 @@ def test_every_sample_is_in_one_packed_pass_and_only_row_ends_are_padding(max_to
         # first fit: no two rows of a pass could have been one
         if len(used) > 1:
             assert sorted(used)[0] + sorted(used)[1] > room
-
-
-@pytest.mark.parametrize("dynamic", [True, False])
-def test_the_update_padding_free_is_the_update_with_a_row_per_sample(dynamic):
-    cfg = RunConfig(rollout_batch_size=3, n_samples_per_prompt=4, global_batch_size=12, micro_batch_size=5,
-                    use_dynamic_batch_size=dynamic, max_tokens_per_gpu=64, lr=1e-3, rollout_temperature=1.0)
-    results = []
-    for packed in (False, True):
-        model, batch = _model(seed=2), _groups()
-        stats = train_on_rollout(model, make_optimizer(model, cfg), batch, cfg.replace(padding_free=packed),
-                                 generator=torch.Generator().manual_seed(1))
-        results.append((model, batch.old_logprobs, stats))
-    (a, old_a, sa), (b, old_b, sb) = results
-    assert torch.allclose(old_a, old_b, atol=1e-5)
-    assert abs(sa["train/loss"] - sb["train/loss"]) < 1e-5
-    assert abs(sa["train/grad_norm"] - sb["train/grad_norm"]) < 1e-4 * max(1.0, sa["train/grad_norm"])
-    moved = max(float((p - q).detach().abs().max()) for p, q in zip(a.parameters(), _model(seed=2).parameters()))
-    diff = max(float((p - q).detach().abs().max()) for p, q in zip(a.parameters(), b.parameters()))
-    assert moved > 1e-4 and diff < 1e-3 * moved
-    # a fixed micro-batch holds samples of like lengths, two of which rarely fit one row
-    packed, plain = sb["train/padding_frac"], sa["train/padding_frac"]
-    assert packed < plain if dynamic else packed <= plain
 
 
 def test_one_layout_at_a_time():
