@@ -184,7 +184,7 @@ def main() -> int:
     p.add_argument("--padding-free", default="", help="token budgets of the padding-free variants")
     p.add_argument("--padding-free-checkpointed", default="",
                    help="token budgets of the padding-free variants with checkpointing")
-    p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager", "flex_attention"],
+    p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager", "flex_attention", "flash_attention_2"],
                    help="the model's attention in every variant")
     p.add_argument("--profile", action="store_true", help="print the top GPU ops of each variant")
     p.add_argument("--liger", action="store_true",

@@ -24,7 +24,10 @@ its samples in one of three layouts:
   new sequences and keeps them apart (block-diagonal causal attention). A row per sample
   pads each row to its pass's longest: the group-size study's checkpointed passes (24,576
   tokens) were 8-22% padding; benchmarks/bench_update.py's made-up rollout of the recipe's
-  lengths is 14.3% padding so and 2.7% back to back.
+  lengths is 14.3% padding so and 2.7% back to back. The price is the mask again: without a
+  varlen kernel (flash_attention_2), sdpa loses its causal fast path, and on an H100 the
+  recipe's update alone was 5-30% slower for 5-12% fewer tokens (BENCHMARKS.md), so the
+  recipe leaves it off too.
 
 `micro_batches` and its kin for the other layouts split a global batch into passes: a fixed
 number of samples each (`--micro-batch-size`) or as many as fit in `--max-tokens-per-gpu`
