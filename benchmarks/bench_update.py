@@ -24,7 +24,9 @@ a real step does:
   `padding_free_checkpointed_<T>` with a layout too.
 
 `--attn` sets the model's attention for every variant (sdpa by default; flex_attention
-compiles its kernel in the warm-up and keeps packed samples apart with a block mask).
+compiles its kernel in the warm-up and keeps packed samples apart with a block mask; varlen
+runs packed rows through torch's varlen flash kernel, labkit.packed_attention, and every
+other layout through sdpa).
 
 Each variant: one warm-up update (`warmup_s`: with --compile, it pays the compilation for
 the variant's shapes), then --repeats timed ones (synchronised), the peak GPU
@@ -184,8 +186,9 @@ def main() -> int:
     p.add_argument("--padding-free", default="", help="token budgets of the padding-free variants")
     p.add_argument("--padding-free-checkpointed", default="",
                    help="token budgets of the padding-free variants with checkpointing")
-    p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager", "flex_attention", "flash_attention_2"],
-                   help="the model's attention in every variant")
+    p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager", "flex_attention", "flash_attention_2", "varlen"],
+                   help="the model's attention in every variant (varlen: torch's varlen flash kernel "
+                        "for packed rows, labkit.packed_attention; sdpa for the rest)")
     p.add_argument("--profile", action="store_true", help="print the top GPU ops of each variant")
     p.add_argument("--liger", action="store_true",
                    help="liger-kernel's kernels (RMSNorm, SwiGLU, RoPE) in the model, as "
@@ -198,7 +201,12 @@ def main() -> int:
     a = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = load_model(a.model, device)
-    model.config._attn_implementation = a.attn
+    if a.attn == "varlen":
+        from labkit.packed_attention import use_varlen_attention
+
+        use_varlen_attention(model)
+    else:
+        model.config._attn_implementation = a.attn
     if a.liger:
         from labkit.models import use_liger_kernels
 

@@ -31,6 +31,7 @@ import torch
 from labkit.errors import ConfigError
 from labkit.grpo import policy_loss, token_entropy, token_logprobs
 from labkit.logprobs import chunked_logprobs, lm_head_weight
+from labkit.packed_attention import varlen_kwargs
 from labkit.packing import RolloutBatch, Rows, longest_first, passes
 
 
@@ -59,7 +60,8 @@ def _forward_logprobs(model, mb: Rows, temperature, autocast, entropy=None):
     """
     weight = lm_head_weight(model)
     inputs = dict(input_ids=mb.ids, position_ids=mb.positions, attention_mask=_attention_mask(model, mb),
-                  use_cache=False)  # a KV cache is for generation: here it would only hold K and V
+                  use_cache=False,  # a KV cache is for generation: here it would only hold K and V
+                  **varlen_kwargs(model, mb))  # packed rows' samples, where the varlen kernel runs
     with autocast():
         if weight is not None:
             hidden = model.base_model(**inputs).last_hidden_state

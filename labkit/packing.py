@@ -261,6 +261,10 @@ class Rows:
     at: torch.Tensor  # [T] the position whose hidden state predicts it
     targets: torch.Tensor  # [T] the token
     real: int  # positions that hold a token (the rest is padding)
+    # packed rows only (labkit.packed_attention): where each sample, and each row's padding,
+    # starts in the rows flattened to B x W tokens, then B x W; and the longest of them
+    segments: torch.Tensor | None = None  # [K + 1] int32
+    longest: int = 0
 
     def spread(self, flat: torch.Tensor) -> torch.Tensor:
         """[T] per answer token -> [S, r], zeros off the answers."""
@@ -350,6 +354,7 @@ def packed_rows(batch: RolloutBatch, rows: list[torch.Tensor], device) -> Rows:
     pos = torch.zeros((len(rows), width), dtype=torch.long)
     start = torch.zeros(len(samples), dtype=torch.long)  # where each sample begins in its row
     row_of = torch.cat([torch.full((len(r),), b, dtype=torch.long) for b, r in enumerate(rows)])
+    bounds = [0]
     k = 0
     for b, row in enumerate(rows):
         offset = 0
@@ -359,15 +364,20 @@ def packed_rows(batch: RolloutBatch, rows: list[torch.Tensor], device) -> Rows:
             pos[b, offset : offset + n] = torch.arange(n)
             start[k] = offset
             offset += n
+            bounds.append(b * width + offset)
             k += 1
         pos[b, offset:] = torch.arange(width - offset)  # the padding: a sequence of its own
+        if offset < width:
+            bounds.append((b + 1) * width)
     r = int(answer_len.max().clamp(min=1))
     rmask = batch.response_mask[samples, :r]
     sample, col = rmask.nonzero(as_tuple=True)
     at = start[sample] + prompt_len[sample] + col - 1  # the position just before the token
+    segments = torch.tensor(bounds, dtype=torch.int32)
     return Rows(ids.to(device), pos.to(device), None, rmask.to(device), r, sample.to(device),
                 col.to(device), row_of[sample].to(device), at.to(device),
-                _targets(batch, samples, sample, col).to(device), int(length.sum()))
+                _targets(batch, samples, sample, col).to(device), int(length.sum()),
+                segments.to(device), int((segments[1:] - segments[:-1]).max()))
 
 
 def _starts(rows: list[torch.Tensor]) -> list[int]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from labkit import data as datamod
+from labkit import packed_attention
 from labkit.actor import make_optimizer
 from labkit.config import RunConfig
 from labkit.engines import check_engine, keep, make_engine, resolve_engine
@@ -164,6 +165,8 @@ def _load_policy(cfg: RunConfig, path: str, device, liger: bool) -> torch.nn.Mod
         enable_checkpointing(policy)
     if liger:
         use_liger_kernels(policy)
+    if cfg.padding_free and packed_attention.available(device):
+        packed_attention.use_varlen_attention(policy)  # packed rows without a mask
     if cfg.torch_compile:
         compile_layers(policy)
     return policy
