@@ -25,7 +25,7 @@ a real step does:
 
 `--attn` sets the model's attention for every variant (sdpa by default; flex_attention
 compiles its kernel in the warm-up and keeps packed samples apart with a block mask; varlen
-runs packed rows through torch's varlen flash kernel, labkit.packed_attention, and every
+runs packed rows through torch's varlen flash kernel (labkit.packing), and every
 other layout through sdpa).
 
 Each variant: one warm-up update (`warmup_s`: with --compile, it pays the compilation for
@@ -188,7 +188,7 @@ def main() -> int:
                    help="token budgets of the padding-free variants with checkpointing")
     p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager", "flex_attention", "flash_attention_2", "varlen"],
                    help="the model's attention in every variant (varlen: torch's varlen flash kernel "
-                        "for packed rows, labkit.packed_attention; sdpa for the rest)")
+                        "for packed rows, labkit.packing; sdpa for the rest)")
     p.add_argument("--profile", action="store_true", help="print the top GPU ops of each variant")
     p.add_argument("--liger", action="store_true",
                    help="liger-kernel's kernels (RMSNorm, SwiGLU, RoPE) in the model, as "
@@ -202,7 +202,7 @@ def main() -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = load_model(a.model, device)
     if a.attn == "varlen":
-        from labkit.packed_attention import use_varlen_attention
+        from labkit.packing import use_varlen_attention
 
         use_varlen_attention(model)
     else:

@@ -31,8 +31,7 @@ import torch
 from labkit.errors import ConfigError
 from labkit.grpo import policy_loss, token_entropy, token_logprobs
 from labkit.logprobs import chunked_logprobs, lm_head_weight
-from labkit.packed_attention import varlen_kwargs
-from labkit.packing import RolloutBatch, Rows, longest_first, passes
+from labkit.packing import RolloutBatch, Rows, longest_first, passes, varlen_kwargs
 
 
 def _attention_mask(model, mb: Rows):

@@ -222,9 +222,10 @@ class RunConfig:
         "(first-fit) instead of one padded row each, their positions counting from 0 so that "
         "attention keeps them apart (block-diagonal; transformers' packed sequences, TRL's "
         "padding_free, verl's use_remove_padding): the same log-probs with padding only at the "
-        "rows' ends. It pays only with a varlen attention kernel (flash_attention_2): under "
-        "sdpa the block-diagonal mask costs attention its causal fast path, and the recipe's "
-        "update alone on an H100 took 2.59-2.96 s against 2.27-2.33 s (flex attention: 2.67 s)",
+        "rows' ends. On a CUDA GPU with torch >= 2.10 the samples go through torch's varlen "
+        "flash kernel, with no mask; elsewhere a block-diagonal mask costs sdpa its causal fast "
+        "path: the recipe's update alone on an H100 took 2.59-2.96 s against 2.27-2.33 s "
+        "(flex attention: 2.67 s)",
         "training",
     )
     skip_zero_advantage: bool = _f(

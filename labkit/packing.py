@@ -24,10 +24,11 @@ its samples in one of three layouts:
   new sequences and keeps them apart (block-diagonal causal attention). A row per sample
   pads each row to its pass's longest: the group-size study's checkpointed passes (24,576
   tokens) were 8-22% padding; benchmarks/bench_update.py's made-up rollout of the recipe's
-  lengths is 14.3% padding so and 2.7% back to back. The price is the mask again: without a
-  varlen kernel (flash_attention_2), sdpa loses its causal fast path, and on an H100 the
-  recipe's update alone was 5-30% slower for 5-12% fewer tokens (BENCHMARKS.md), so the
-  recipe leaves it off too.
+  lengths is 14.3% padding so and 2.7% back to back. Through a mask, sdpa loses its causal
+  fast path: on an H100 the recipe's update alone was 5-30% slower for 5-12% fewer tokens
+  (BENCHMARKS.md). So where torch's varlen flash kernel runs (a CUDA GPU, torch >= 2.10) the
+  packed samples go through it with no mask (`use_varlen_attention`, at the end of this
+  module); the recipe leaves the layout off until that has been measured to pay.
 
 `micro_batches` and its kin for the other layouts split a global batch into passes: a fixed
 number of samples each (`--micro-batch-size`) or as many as fit in `--max-tokens-per-gpu`
@@ -36,6 +37,7 @@ padded tokens (`--use-dynamic-batch-size`; miles' names).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -261,7 +263,7 @@ class Rows:
     at: torch.Tensor  # [T] the position whose hidden state predicts it
     targets: torch.Tensor  # [T] the token
     real: int  # positions that hold a token (the rest is padding)
-    # packed rows only (labkit.packed_attention): where each sample, and each row's padding,
+    # packed rows only (varlen_attention): where each sample, and each row's padding,
     # starts in the rows flattened to B x W tokens, then B x W; and the longest of them
     segments: torch.Tensor | None = None  # [K + 1] int32
     longest: int = 0
@@ -402,3 +404,89 @@ def _segment_mask(seg: torch.Tensor) -> torch.Tensor:
     same = seg[:, :, None] == seg[:, None, :]
     prompt = (seg == 0)[:, None, :]
     return (causal & (same | prompt))[:, None]
+
+
+# ---------------------------------------------------------------------- attention for packed rows
+# Left to transformers, the restarts of a packed row's positions become a block-diagonal mask,
+# and a mask costs sdpa its causal fast path: on an H100 the recipe's update alone was 5-30%
+# slower than with a row per sample (BENCHMARKS.md). torch's `varlen_attn` (torch >= 2.10, a
+# CUDA GPU) runs flash attention over each sample alone, from where the samples start and end
+# in the flattened rows (`Rows.segments`), with no mask at all. `use_varlen_attention` makes it
+# a model's attention (registered with transformers as `VARLEN`); a pass of packed rows hands
+# it the samples' bounds (`varlen_kwargs`), and any other pass runs transformers' sdpa.
+VARLEN = "labkit_varlen"
+
+
+def varlen_available(device) -> bool:
+    """Whether torch's varlen attention can run on `device` (a CUDA GPU, torch >= 2.10)."""
+    if torch.device(device).type != "cuda":
+        return False
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def use_varlen_attention(model) -> None:
+    """Make torch's varlen kernel `model`'s attention for packed rows (sdpa for the rest)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(VARLEN, varlen_attention)
+    AttentionMaskInterface.register(VARLEN, _no_mask)
+    model.config._attn_implementation = VARLEN
+
+
+def varlen_kwargs(model, rows) -> dict:
+    """What a forward pass of `rows` hands the attention: the bounds of its samples in the
+    flattened rows (transformers' names for them), where `model` attends with the varlen
+    kernel and `rows` is packed; nothing otherwise."""
+    if rows.segments is None or getattr(model.config, "_attn_implementation", None) != VARLEN:
+        return {}
+    return dict(cu_seq_lens_q=rows.segments, cu_seq_lens_k=rows.segments,
+                max_length_q=rows.longest, max_length_k=rows.longest)
+
+
+def varlen_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+              cu_seq_lens_q=None, max_length_q=None, **kwargs):
+    """transformers' attention function for `VARLEN`: query [B, Hq, W, D], key and value
+    [B, Hkv, W, D] -> ([B, W, Hq, D], None). Causal within each segment of `cu_seq_lens_q`
+    (the flattened rows' sample bounds); without them, transformers' sdpa."""
+    if cu_seq_lens_q is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    b, heads, w, d = query.shape
+    q = query.transpose(1, 2).reshape(b * w, heads, d)
+    k = key.transpose(1, 2).reshape(b * w, key.shape[1], d)
+    v = value.transpose(1, 2).reshape(b * w, value.shape[1], d)
+    if k.shape[1] != heads:  # grouped-query attention: head i reads key/value head i // group
+        k = k.repeat_interleave(heads // k.shape[1], dim=1)
+        v = v.repeat_interleave(heads // v.shape[1], dim=1)
+    if torch.is_autocast_enabled(q.device.type):  # a custom op: autocast does not cast for it
+        dtype = torch.get_autocast_dtype(q.device.type)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    scale = scaling if scaling is not None else d**-0.5
+    out = causal_varlen(q, k, v, cu_seq_lens_q, int(max_length_q), scale)
+    return out.reshape(b, w, heads, d), None
+
+
+def causal_varlen(q, k, v, bounds: torch.Tensor, longest: int, scale: float) -> torch.Tensor:
+    """Causal attention of each segment [bounds[i], bounds[i+1]) of q, k, v [T, H, D] alone:
+    torch's varlen kernel, its causal flag by the name this torch gives it."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    extra = {"scale": scale} if "scale" in params else {}
+    if not extra and abs(scale - q.shape[-1] ** -0.5) > 1e-12:
+        raise RuntimeError("this torch's varlen_attn takes no scale, and the model's is not 1/sqrt(d)")
+    return varlen_attn(q, k, v, bounds, bounds, longest, longest, **causal, **extra)
+
+
+def _no_mask(*args, **kwargs):
+    """The mask transformers builds for `VARLEN`: none (the kernel takes the samples' bounds,
+    and a pass without them is causal)."""
+    return None

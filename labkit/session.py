@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 import torch
 
 from labkit import data as datamod
-from labkit import packed_attention
 from labkit.actor import make_optimizer
 from labkit.config import RunConfig
 from labkit.engines import check_engine, keep, make_engine, resolve_engine
@@ -40,6 +39,7 @@ from labkit.models import (
     stop_token_ids,
     use_liger_kernels,
 )
+from labkit.packing import use_varlen_attention, varlen_available
 from labkit.reward import load_reward
 from labkit.run.log import RunLog
 from labkit.run.stopping import StopController
@@ -165,8 +165,8 @@ def _load_policy(cfg: RunConfig, path: str, device, liger: bool) -> torch.nn.Mod
         enable_checkpointing(policy)
     if liger:
         use_liger_kernels(policy)
-    if cfg.padding_free and packed_attention.available(device):
-        packed_attention.use_varlen_attention(policy)  # packed rows without a mask
+    if cfg.padding_free and varlen_available(device):
+        use_varlen_attention(policy)  # packed rows without a mask (labkit.packing)
     if cfg.torch_compile:
         compile_layers(policy)
     return policy

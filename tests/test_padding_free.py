@@ -10,11 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from labkit import packed_attention
+from labkit import packing
 from labkit.actor import _forward_logprobs
 from labkit.config import RunConfig, check_config
 from labkit.errors import ConfigError
-from labkit.packed_attention import use_varlen_attention, varlen_kwargs
 from labkit.packing import (
     longest_first,
     packed_micro_batches,
@@ -22,6 +21,9 @@ from labkit.packing import (
     passes,
     sample_lengths,
     sample_rows,
+    use_varlen_attention,
+    varlen_available,
+    varlen_kwargs,
 )
 from tests.test_packing import NO_AUTOCAST, _groups, _model, assert_same_as_a_row_per_sample
 
@@ -104,7 +106,7 @@ def _reference_varlen(calls):
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
 def test_packed_rows_through_the_varlen_kernel_give_a_row_per_sample_s_results(kind, monkeypatch):
     calls = []
-    monkeypatch.setattr(packed_attention, "causal_varlen", _reference_varlen(calls))
+    monkeypatch.setattr(packing, "causal_varlen", _reference_varlen(calls))
     model, batch = _model(kind), _groups(prompts=3, n=4)  # 4 query heads over 2 key/value heads
     use_varlen_attention(model)
     idx = longest_first(batch, torch.arange(batch.size))
@@ -123,10 +125,10 @@ def test_packed_rows_through_the_varlen_kernel_give_a_row_per_sample_s_results(k
 
 
 def test_the_varlen_kernel_needs_a_cuda_gpu():
-    assert not packed_attention.available("cpu")
+    assert not varlen_available("cpu")
 
 
-@pytest.mark.skipif(not packed_attention.available("cuda" if torch.cuda.is_available() else "cpu"),
+@pytest.mark.skipif(not varlen_available("cuda" if torch.cuda.is_available() else "cpu"),
                     reason="torch's varlen kernel runs on a CUDA GPU (torch >= 2.10)")
 def test_the_varlen_kernel_on_a_gpu_gives_a_row_per_sample_s_log_probs():
     torch.manual_seed(0)
