@@ -13,7 +13,8 @@
 #                   (--share-prompt), plain at 12,288 tokens and checkpointed at 24,576
 #   bench_packed    the update on the recipe's architecture (random weights): a row per sample
 #                   against the padding-free layout (--padding-free), plain at 12,288 tokens and
-#                   checkpointed at 24,576, under sdpa; then the padding-free pair under flex attention
+#                   checkpointed at 24,576, under sdpa; then the padding-free pair under flex attention;
+#                   then both pairs with packed rows through torch's varlen kernel (--attn varlen)
 #   solo_default    the recipe as a user types it, alone (sleep mode, default budget)
 #   solo_kv8        one run alone with the settings a sweep gives each run (fixed 8 GiB KV
 #                   cache, no sleep): its whole-GPU memory is one run's share
@@ -145,7 +146,9 @@ for j in ${JOBS:-bench_vllm recipe_rerun recipe_overlap bench_update}; do
         --padding-free-checkpointed 24576 --repeats 3 --out $L/bench_packed.json && python \
         benchmarks/bench_update.py --model random:qwen2.5-0.5b --samples 256 --dynamic-only --budgets '' \
         --padding-free 12288 --padding-free-checkpointed 24576 --repeats 3 --attn flex_attention \
-        --out $L/bench_packed_flex.json" ;;
+        --out $L/bench_packed_flex.json && python benchmarks/bench_update.py --model random:qwen2.5-0.5b \
+        --samples 256 --dynamic-only --budgets 12288 --padding-free 12288 --checkpointed 24576 \
+        --padding-free-checkpointed 24576 --repeats 3 --attn varlen --out $L/bench_packed_varlen.json" ;;
     solo_default) job solo_default 300 python -m labkit launch "${SHORT[@]}" --n-samples-per-prompt 8 \
       --global-batch-size 256 --seed 1 --model "$M" --data "$D" --output-dir "$SOLO/runs" --run-name solo-default ;;
     solo_kv8) job solo_kv8 300 python -m labkit launch "${SHORT[@]}" --n-samples-per-prompt 8 \
