@@ -449,7 +449,7 @@ def varlen_kwargs(model, rows) -> dict:
 
 
 def varlen_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-              cu_seq_lens_q=None, max_length_q=None, **kwargs):
+                     cu_seq_lens_q=None, max_length_q=None, **kwargs):
     """transformers' attention function for `VARLEN`: query [B, Hq, W, D], key and value
     [B, Hkv, W, D] -> ([B, W, Hq, D], None). Causal within each segment of `cu_seq_lens_q`
     (the flattened rows' sample bounds); without them, transformers' sdpa."""
