@@ -86,8 +86,7 @@ def padded_tokens(batch, cfg) -> int:
     idx = packing.longest_first(batch, torch.arange(batch.size))
     return sum(int(rows.ids.numel()) for _, rows in packing.passes(
         batch, idx, "cpu", max_samples=cfg.micro_batch_size, max_tokens=max_tokens,
-        **{k: v for k, v in (("share_prompt", getattr(cfg, "share_prompt", False)),
-                             ("padding_free", getattr(cfg, "padding_free", False))) if v}))
+        **{layout: True for layout in ("share_prompt", "padding_free") if getattr(cfg, layout, False)}))
 
 
 @contextlib.contextmanager

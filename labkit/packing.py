@@ -37,6 +37,7 @@ padded tokens (`--use-dynamic-batch-size`; miles' names).
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 
@@ -350,8 +351,9 @@ def packed_rows(batch: RolloutBatch, rows: list[torch.Tensor], device) -> Rows:
     samples = torch.cat(rows)
     prompt_len = batch.attention_mask[samples, :p].sum(dim=1)
     answer_len = batch.response_mask[samples].sum(dim=1).long()
-    length = prompt_len + answer_len
-    width = max(int(length[k : k + len(r)].sum()) for k, r in zip(_starts(rows), rows))
+    lengths = sample_lengths(batch)
+    length = lengths[samples]
+    width = max(int(lengths[r].sum()) for r in rows)
     ids = torch.zeros((len(rows), width), dtype=torch.long)
     pos = torch.zeros((len(rows), width), dtype=torch.long)
     start = torch.zeros(len(samples), dtype=torch.long)  # where each sample begins in its row
@@ -380,15 +382,6 @@ def packed_rows(batch: RolloutBatch, rows: list[torch.Tensor], device) -> Rows:
                 col.to(device), row_of[sample].to(device), at.to(device),
                 _targets(batch, samples, sample, col).to(device), int(length.sum()),
                 segments.to(device), int((segments[1:] - segments[:-1]).max()))
-
-
-def _starts(rows: list[torch.Tensor]) -> list[int]:
-    """Where each row's samples begin in `torch.cat(rows)`."""
-    out, k = [], 0
-    for r in rows:
-        out.append(k)
-        k += len(r)
-    return out
 
 
 def _targets(batch: RolloutBatch, samples: torch.Tensor, sample: torch.Tensor, col: torch.Tensor):
@@ -478,12 +471,22 @@ def causal_varlen(q, k, v, bounds: torch.Tensor, longest: int, scale: float) -> 
     torch's varlen kernel, its causal flag by the name this torch gives it."""
     from torch.nn.attention.varlen import varlen_attn
 
-    params = inspect.signature(varlen_attn).parameters
-    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
-    extra = {"scale": scale} if "scale" in params else {}
-    if not extra and abs(scale - q.shape[-1] ** -0.5) > 1e-12:
+    causal, takes_scale = _varlen_flags()
+    extra = {"scale": scale} if takes_scale else {}
+    if not takes_scale and abs(scale - q.shape[-1] ** -0.5) > 1e-12:
         raise RuntimeError("this torch's varlen_attn takes no scale, and the model's is not 1/sqrt(d)")
     return varlen_attn(q, k, v, bounds, bounds, longest, longest, **causal, **extra)
+
+
+@functools.cache
+def _varlen_flags() -> tuple[dict, bool]:
+    """How this torch's varlen_attn is asked for causal attention, and whether it takes a
+    scale (its signature changed between releases); read once, not at every layer."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    return ({"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True},
+            "scale" in params)
 
 
 def _no_mask(*args, **kwargs):
