@@ -31,6 +31,7 @@ import torch
 from labkit.errors import ConfigError
 from labkit.grpo import policy_loss, token_entropy, token_logprobs
 from labkit.logprobs import chunked_logprobs, lm_head_weight
+from labkit.models import layers_compiled
 from labkit.packing import RolloutBatch, Rows, longest_first, passes, varlen_kwargs
 
 
@@ -61,6 +62,8 @@ def _forward_logprobs(model, mb: Rows, temperature, autocast, entropy=None):
     inputs = dict(input_ids=mb.ids, position_ids=mb.positions, attention_mask=_attention_mask(model, mb),
                   use_cache=False,  # a KV cache is for generation: here it would only hold K and V
                   **varlen_kwargs(model, mb))  # packed rows' samples, where the varlen kernel runs
+    if mb.ids.shape[0] == 1 and "cu_seq_lens_q" not in inputs and layers_compiled(model):
+        inputs = _two_rows(inputs)
     with autocast():
         if weight is not None:
             hidden = model.base_model(**inputs).last_hidden_state
@@ -72,6 +75,14 @@ def _forward_logprobs(model, mb: Rows, temperature, autocast, entropy=None):
     if entropy == "stat" and ent is not None:
         ent = ent.detach()
     return mb.spread(lp), (mb.spread(ent) if entropy and ent is not None else None)
+
+
+def _two_rows(inputs: dict) -> dict:
+    """A pass of one row as two: the row and a copy that nothing reads. Compiled layers
+    (--torch-compile) take any number of rows but one: torch.compile specializes a size of 1,
+    so a one-row pass, which a step's last pass can be, would compile them all again."""
+    return {k: v.repeat(2, *[1] * (v.dim() - 1)) if isinstance(v, torch.Tensor) else v
+            for k, v in inputs.items()}
 
 
 def samples_that_train(batch: RolloutBatch, cfg) -> torch.Tensor | None:

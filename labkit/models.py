@@ -212,6 +212,13 @@ def compile_layers(model: torch.nn.Module) -> None:
         layer.compile(dynamic=True)
 
 
+def layers_compiled(model: torch.nn.Module) -> bool:
+    """Whether `model`'s decoder layers run compiled (compile_layers)."""
+    layers = getattr(getattr(model, "base_model", None), "layers", None)
+    return isinstance(layers, torch.nn.ModuleList) and len(layers) > 0 \
+        and getattr(layers[0], "_compiled_call_impl", None) is not None
+
+
 # What --use-liger-kernel swaps in: the layers' kernels, not the loss (labkit.logprobs' head).
 LIGER_KERNELS = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
                      fused_linear_cross_entropy=False)

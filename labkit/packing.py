@@ -293,7 +293,7 @@ def sample_rows(batch: RolloutBatch, idx: torch.Tensor, device) -> Rows:
     rmask = batch.response_mask[idx, :r]
     rows, k = rmask.nonzero(as_tuple=True)  # answer token k of row `rows`...
     at = prompt_len[rows] + k - 1  # ...is predicted by the hidden state just before it
-    return Rows(ids.to(device), cols.expand(len(idx), -1).to(device), None, rmask.to(device), r,
+    return Rows(ids.to(device), cols.repeat(len(idx), 1).to(device), None, rmask.to(device), r,
                 rows.to(device), k.to(device), rows.to(device), at.to(device),
                 ids[rows, at + 1].to(device), int(real.sum()))
 

@@ -6,6 +6,7 @@ which would generate through the same layers, refuses it in one line."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -119,3 +120,40 @@ def test_liger_kernels_are_refused_beside_it_in_one_line_and_auto_leaves_them_of
     shared = RunConfig(gradient_checkpointing=True)  # as a run that shares a GPU is set
     assert session.liger_kernels(shared, "cuda", "qwen") is True
     assert session.liger_kernels(shared.replace(torch_compile=True), "cuda", "qwen") is False
+
+
+def test_a_pass_of_one_row_takes_the_compiled_layers_without_compiling_them_again():
+    """torch.compile specializes a size of 1, so a step's last pass, when it holds one sample,
+    would compile every layer again; it runs as two rows instead, and gives that sample the
+    log-probs of the plain layers."""
+    from torch._dynamo.utils import counters
+
+    from labkit.actor import _forward_logprobs, mode
+    from labkit.models import layers_compiled
+    from labkit.packing import sample_rows
+
+    plain = _llama(seed=3)
+    compiled = copy.deepcopy(plain)
+    compile_layers(compiled)
+    assert layers_compiled(compiled) and not layers_compiled(plain)
+    batch = _rollout()
+
+    def forward(model, idx):
+        with mode(model, training=True):
+            rows = sample_rows(batch, torch.tensor(idx), "cpu")
+            lp, _ = _forward_logprobs(model, rows, 1.0, contextlib.nullcontext)
+        lp.sum().backward()
+        return lp.detach()
+
+    def graphs():  # the graphs torch.compile has made so far in this process
+        return counters["stats"]["unique_graphs"]
+
+    before = graphs()
+    forward(compiled, [0, 5, 9])
+    first = graphs()
+    assert first > before  # the layers compiled at their first pass
+    one = forward(compiled, [7])
+    assert graphs() == first  # and not again for one row
+    forward(compiled, [2, 3])
+    assert graphs() == first
+    torch.testing.assert_close(one, forward(plain, [7]), rtol=1e-4, atol=1e-6)
