@@ -204,8 +204,8 @@ def compile_layers(model: torch.nn.Module) -> None:
     """Compile each decoder layer of `model` in place with torch.compile, dynamic shapes
     (`--torch-compile`). nn.Module.compile keeps the parameters' names, so the weight sync to
     vLLM and checkpoints are unchanged; the LM head (labkit.logprobs' chunked one) stays out."""
-    layers = getattr(getattr(model, "base_model", None), "layers", None)
-    if not isinstance(layers, torch.nn.ModuleList):
+    layers = _decoder_layers(model)
+    if layers is None:
         raise ConfigError(f"--torch-compile: no decoder layers found in this model "
                           f"({type(model).__name__} has no base_model.layers); drop the flag")
     for layer in layers:
@@ -214,9 +214,14 @@ def compile_layers(model: torch.nn.Module) -> None:
 
 def layers_compiled(model: torch.nn.Module) -> bool:
     """Whether `model`'s decoder layers run compiled (compile_layers)."""
+    layers = _decoder_layers(model)
+    return bool(layers) and getattr(layers[0], "_compiled_call_impl", None) is not None
+
+
+def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList | None:
+    """`model`'s decoder layers (transformers' base_model.layers), or None."""
     layers = getattr(getattr(model, "base_model", None), "layers", None)
-    return isinstance(layers, torch.nn.ModuleList) and len(layers) > 0 \
-        and getattr(layers[0], "_compiled_call_impl", None) is not None
+    return layers if isinstance(layers, torch.nn.ModuleList) else None
 
 
 # What --use-liger-kernel swaps in: the layers' kernels, not the loss (labkit.logprobs' head).
